@@ -1,0 +1,156 @@
+"""Every harness setting, resolved and validated in one place.
+
+The pytest plugin hands its raw option values to :func:`resolve`; the library and the suites
+only ever see the resulting :class:`Settings`. Environment variables give defaults so that CI
+and users can set them once (HARNESS_VLLM_PYTHON, HARNESS_CACHE_DIR, HARNESS_REPORT_DIR).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import UsageError
+from .units import parse_bytes
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "nf4-dq", "fp4", "fp4-dq")
+DEVICES = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+HW_LEVELS = ("quick", "full")
+
+# Where the README's set-up command puts the CPU builds of vLLM (current, and the older one
+# used by the upgrade rehearsal), relative to the project root.
+DEFAULT_VLLM_VENV = Path(".venvs") / "vllm-0.32.0"
+DEFAULT_BASELINE_VLLM_VENV = Path(".venvs") / "vllm-0.31.0"
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str | None = None  # a model directory (absolute) or a reference config name
+    device: str = "auto"
+    vram_budget: int | None = None  # bytes
+    precisions: tuple[str, ...] = PRECISIONS
+    expect_gpu: bool = False
+    report_dir: Path = Path("reports")
+    vllm_python: Path | None = None
+    vllm_python_explicit: bool = False  # given by the user: absence is a failure, not a skip
+    baseline_vllm_python: Path | None = None
+    endpoint: str | None = None
+    baseline: Path | None = None
+    hw_level: str = "quick"
+    cache_dir: Path = field(default_factory=lambda: default_cache_dir())
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("HARNESS_CACHE_DIR")
+    if env:
+        return Path(env).expanduser().resolve()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llm-harness"
+
+
+def parse_precisions(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return PRECISIONS
+    items = tuple(p.strip().lower() for p in text.split(",") if p.strip())
+    unknown = [p for p in items if p not in PRECISIONS]
+    if unknown or not items:
+        raise UsageError(
+            f"--precisions: unknown precision {', '.join(unknown) or repr(text)} "
+            f"(choose from {', '.join(PRECISIONS)})"
+        )
+    return items
+
+
+def _python_in(venv: Path) -> Path | None:
+    python = venv / "bin" / "python"
+    return python if python.exists() else None
+
+
+def _resolve_model(value: str | None) -> str | None:
+    if not value:
+        return None
+    from .models import reference_names  # light: no torch import
+
+    if value in reference_names() or value.startswith("tiny-"):
+        return value
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise UsageError(
+            f"--model: {value!r} does not exist (give a model directory, or one of: "
+            f"{', '.join(reference_names())}, tiny-qwen2, tiny-llama)"
+        )
+    if not path.is_dir():
+        raise UsageError(f"--model: {value!r} is not a directory")
+    if not (path / "config.json").is_file():
+        raise UsageError(f"--model: {value!r} has no config.json")
+    return str(path.resolve())
+
+
+def _resolve_endpoint(value: str | None) -> str | None:
+    if not value:
+        return None
+    if not re.match(r"^https?://[^\s/]+", value):
+        raise UsageError(f"--endpoint: {value!r} is not an http(s) URL (e.g. http://127.0.0.1:8000)")
+    return value.rstrip("/")
+
+
+def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
+    """Validate raw option values (None = not given) into Settings; raises UsageError.
+
+    `root` is the project root (pytest's rootdir): reports/ and .venvs/ default to it.
+    """
+    root = Path(root or Path.cwd()).resolve()
+    device = (options.get("device") or "auto").lower()
+    if not DEVICES.match(device):
+        raise UsageError(f"--device: {device!r} is not one of auto, cpu, cuda, cuda:N")
+
+    budget = options.get("vram_budget")
+    vram_budget = parse_bytes(budget, "--vram-budget") if budget else None
+
+    hw_level = (options.get("hw_level") or "quick").lower()
+    if hw_level not in HW_LEVELS:
+        raise UsageError(f"--hw-level: {hw_level!r} is not one of {', '.join(HW_LEVELS)}")
+
+    explicit = options.get("vllm_python") or os.environ.get("HARNESS_VLLM_PYTHON")
+    if explicit:
+        vllm_python = Path(explicit).expanduser()
+        if not vllm_python.exists():
+            raise UsageError(f"--vllm-python: {explicit!r} does not exist")
+    else:
+        vllm_python = _python_in(root / DEFAULT_VLLM_VENV)
+
+    baseline_python = options.get("baseline_vllm_python") or os.environ.get("HARNESS_BASELINE_VLLM_PYTHON")
+    if baseline_python:
+        baseline_vllm_python = Path(baseline_python).expanduser()
+        if not baseline_vllm_python.exists():
+            raise UsageError(f"--baseline-vllm-python: {baseline_python!r} does not exist")
+    else:
+        baseline_vllm_python = _python_in(root / DEFAULT_BASELINE_VLLM_VENV)
+
+    baseline = options.get("baseline")
+    if baseline:
+        baseline = Path(baseline).expanduser()
+        if not baseline.is_file():
+            raise UsageError(f"--baseline: {str(baseline)!r} is not a file")
+
+    report_dir = options.get("report_dir") or os.environ.get("HARNESS_REPORT_DIR")
+    report_dir = Path(report_dir).expanduser().resolve() if report_dir else root / "reports"
+    if report_dir.exists() and not report_dir.is_dir():
+        raise UsageError(f"--report-dir: {str(report_dir)!r} is not a directory")
+
+    return Settings(
+        model=_resolve_model(options.get("model")),
+        device=device,
+        vram_budget=vram_budget,
+        precisions=parse_precisions(options.get("precisions")),
+        expect_gpu=bool(options.get("expect_gpu")),
+        report_dir=report_dir,
+        vllm_python=vllm_python,
+        vllm_python_explicit=bool(explicit),
+        baseline_vllm_python=baseline_vllm_python,
+        endpoint=_resolve_endpoint(options.get("endpoint")),
+        baseline=baseline,
+        hw_level=hw_level,
+    )
