@@ -1,0 +1,357 @@
+"""Embedded models: nothing is downloaded.
+
+- A tiny local model factory (Qwen2 and Llama families, head_dim 64 so the CPU build of vLLM can
+  serve it), with a tokenizer trained here with `tokenizers`, a chat template and a
+  generation_config; built once and cached under the cache dir, keyed by its recipe.
+- Reference architectures from harness/configs (published config.json files) instantiated with
+  random weights on the meta device, the CPU or a GPU.
+- Loading any model directory at a precision (fp32 ... fp4-dq) with clear errors for
+  combinations that cannot run here.
+
+torch and transformers are imported inside functions so that listing references stays cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import UnsupportedError, UsageError
+from .settings import PRECISIONS, default_cache_dir
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+_FORMAT = 1  # bump when the way a tiny model is built changes: it re-keys the cache
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference architectures
+
+
+def reference_names() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def reference_config_path(name: str) -> Path:
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.is_file():
+        raise UsageError(f"unknown reference architecture {name!r} (known: {', '.join(reference_names())})")
+    return path
+
+
+def reference_config(name: str) -> dict[str, Any]:
+    return json.loads(reference_config_path(name).read_text())
+
+
+def as_config(config_or_name: Any):
+    """A transformers PretrainedConfig from a config object, a dict, a reference name,
+    a config.json path or a model directory."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(config_or_name, PretrainedConfig):
+        return config_or_name
+    if isinstance(config_or_name, dict):
+        data = dict(config_or_name)
+    else:
+        text = str(config_or_name)
+        path = Path(text)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            path = reference_config_path(text)
+        data = json.loads(path.read_text())
+    model_type = data.pop("model_type", None)
+    if not model_type:
+        raise UsageError("config has no model_type")
+    return AutoConfig.for_model(model_type, **data)
+
+
+def random_model(config_or_name: Any, device: str = "meta", dtype: Any = None, seed: int = 0):
+    """A causal LM of the given architecture with random weights, built directly on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = as_config(config_or_name)
+    dtype = dtype if dtype is not None else torch.float32
+    if isinstance(dtype, str):
+        dtype = torch_dtype(dtype)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def save_random_model(config_or_name: Any, out_dir: str | Path, dtype: Any = "bf16", seed: int = 0,
+                      device: str = "cpu", max_shard_size: str | None = None) -> Path:
+    """Write a loadable model directory (config, safetensors, generation_config) with random weights."""
+    out_dir = Path(out_dir)
+    model = random_model(config_or_name, device=device, dtype=dtype, seed=seed)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out_dir, **kwargs)
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny local models
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    family: str = "qwen2"  # "qwen2" | "llama"
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4  # head_dim 64: the CPU build of vLLM rejects head_dim 16
+    num_key_value_heads: int = 2
+    vocab_size: int = 2048
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+    dtype: str = "float32"
+    seed: int = 0
+
+    def key(self) -> str:
+        blob = json.dumps({"format": _FORMAT, **asdict(self)}, sort_keys=True)
+        return f"tiny-{self.family}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+TINY_RECIPES = {
+    "qwen2": TinyRecipe(family="qwen2", tie_word_embeddings=True),
+    "llama": TinyRecipe(family="llama", tie_word_embeddings=False),
+}
+
+
+def _corpus(seed: int, lines: int = 4000) -> list[str]:
+    """Deterministic English-like text: enough structure for BPE merges, no external data."""
+    rng = random.Random(seed)
+    subjects = ["the model", "a small gpu", "the server", "our tokenizer", "the cache", "each layer",
+                "the adapter", "this report", "a user", "the driver", "memory", "the batch"]
+    verbs = ["loads", "measures", "predicts", "streams", "quantizes", "merges", "checks", "serves",
+             "trains", "fits", "allocates", "compares", "writes", "reads"]
+    objects = ["the weights", "every token", "a long prompt", "the kv cache", "sixty four heads",
+               "a json report", "the gradients", "one billion parameters", "the attention mask",
+               "four bits", "the learning rate", "a safetensors file", "the context window"]
+    tails = ["quickly", "on the cpu", "within budget", "without errors", "in bfloat16",
+             "before saving", "after warm up", "at batch four", "twice", "again and again"]
+    out = []
+    for _ in range(lines):
+        words = [rng.choice(subjects), rng.choice(verbs), rng.choice(objects), rng.choice(tails)]
+        n = rng.randint(0, 9999)
+        out.append(f"{' '.join(words).capitalize()}, {n} times. Question: why? Answer: {rng.choice(objects)}!")
+    return out
+
+
+def _train_tokenizer(recipe: TinyRecipe):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=recipe.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(recipe.seed), trainer=trainer)
+    return tok
+
+
+def _model_config(recipe: TinyRecipe, vocab_size: int, ids: dict[str, int]):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_hidden_layers,
+        num_attention_heads=recipe.num_attention_heads,
+        num_key_value_heads=recipe.num_key_value_heads,
+        max_position_embeddings=recipe.max_position_embeddings,
+        tie_word_embeddings=recipe.tie_word_embeddings,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|pad|>"],
+        rms_norm_eps=1e-6,
+    )
+    if recipe.family == "qwen2":
+        return Qwen2Config(**common)
+    if recipe.family == "llama":
+        return LlamaConfig(**common, head_dim=recipe.hidden_size // recipe.num_attention_heads)
+    raise UsageError(f"unknown tiny model family {recipe.family!r} (qwen2 or llama)")
+
+
+def _build_tiny(recipe: TinyRecipe, out_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
+
+    raw = _train_tokenizer(recipe)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>"],
+        model_max_length=recipe.max_position_embeddings,
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    ids = {t: raw.token_to_id(t) for t in SPECIAL_TOKENS}
+    config = _model_config(recipe, raw.get_vocab_size(), ids)
+    torch.manual_seed(recipe.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(recipe.dtype))
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        do_sample=False,
+    )
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "harness-recipe.json").write_text(json.dumps(asdict(recipe), indent=2) + "\n")
+
+
+def tiny_model_dir(family: str = "qwen2", cache_dir: str | Path | None = None,
+                   recipe: TinyRecipe | None = None) -> Path:
+    """The directory of a tiny saved model, built on first use and cached by its recipe."""
+    if recipe is None:
+        if family not in TINY_RECIPES:
+            raise UsageError(f"unknown tiny model family {family!r} (known: {', '.join(TINY_RECIPES)})")
+        recipe = TINY_RECIPES[family]
+    root = Path(cache_dir) if cache_dir else default_cache_dir() / "models"
+    target = root / recipe.key()
+    if (target / "config.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"[harness] building tiny {recipe.family} model into {target} ...", file=sys.stderr, flush=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    try:
+        _build_tiny(recipe, staging)
+        try:
+            os.rename(staging, target)  # atomic: a half-built model is never visible
+        except OSError:
+            if not (target / "config.json").is_file():  # lost a race to a complete build: fine
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def resolve_model(spec: str | None, cache_dir: str | Path | None = None) -> Path | str:
+    """--model value -> a model directory (tiny models are built) or a reference name."""
+    if not spec or spec == "tiny-qwen2":
+        return tiny_model_dir("qwen2", cache_dir)
+    if spec == "tiny-llama":
+        return tiny_model_dir("llama", cache_dir)
+    if spec in reference_names():
+        return spec
+    return Path(spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading at a precision
+
+QUANTIZED = ("int8", "nf4", "nf4-dq", "fp4", "fp4-dq")
+
+
+def torch_dtype(name: str):
+    import torch
+
+    table = {
+        "fp32": torch.float32, "float32": torch.float32,
+        "fp16": torch.float16, "float16": torch.float16,
+        "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    }
+    if name not in table:
+        raise UsageError(f"{name!r} is not a torch dtype precision (fp32, fp16, bf16)")
+    return table[name]
+
+
+def bitsandbytes_problem() -> str | None:
+    """Why bitsandbytes cannot be used here, or None when it imports."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        return "bitsandbytes is not installed (pip install -e '.[gpu]')"
+    except Exception as exc:  # a broken native library raises all sorts of errors at import
+        return f"bitsandbytes failed to import: {type(exc).__name__}: {exc}".splitlines()[0]
+    return None
+
+
+def quantization_config(precision: str, compute_dtype: str = "bf16"):
+    """The BitsAndBytesConfig transformers needs for a quantized precision (None for fp/bf)."""
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
+    if precision not in QUANTIZED:
+        return None
+    problem = bitsandbytes_problem()
+    if problem:
+        raise UnsupportedError(f"{precision} needs bitsandbytes: {problem}")
+    from transformers import BitsAndBytesConfig
+
+    if precision == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    quant_type, _, dq = precision.partition("-")
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=quant_type,
+        bnb_4bit_use_double_quant=dq == "dq",
+        bnb_4bit_compute_dtype=torch_dtype(compute_dtype),
+    )
+
+
+def resolve_device(device: str = "auto") -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        device = "cuda:0"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UnsupportedError(f"device {device} requested but torch sees no CUDA device")
+    return device
+
+
+def load_model(path: str | Path, precision: str = "fp32", device: str = "auto", compute_dtype: str = "bf16"):
+    """from_pretrained at a precision, placed whole on one device (device_map={"": device})."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise UsageError(f"{path} is not a model directory (no config.json)")
+    device = resolve_device(device)
+    qconfig = quantization_config(precision, compute_dtype)
+    kwargs: dict[str, Any] = {"device_map": {"": device}}
+    if qconfig is None:
+        kwargs["dtype"] = torch_dtype(precision)
+    else:
+        kwargs["quantization_config"] = qconfig
+        kwargs["dtype"] = torch_dtype(compute_dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (ImportError, RuntimeError, ValueError) as exc:
+        if qconfig is not None and ("bitsandbytes" in str(exc).lower() or "gpu" in str(exc).lower()):
+            raise UnsupportedError(f"{precision} on {device}: {str(exc).splitlines()[0]}") from exc
+        raise
+    return model.eval()
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(Path(path))
