@@ -1,14 +1,29 @@
 """The harness's pytest plugin: options, markers, fixtures and report hooks.
 
-This is the only pytest-aware module; everything it does is a call into the library.
+This is the only pytest-aware module; everything it does is a call into the library. Suites ask
+it for settings, the probed environment, a device, models and a `record` of their figures; it
+turns the GPU markers into skips (no driver) or failures (a driver torch cannot use), and makes
+every run leave a self-contained HTML report and a JSON results file under reports/.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from . import env as env_mod
+from . import models
 from . import settings as settings_mod
 from .errors import UsageError
+from .report import html as report_html
+from .report.results import RunResults, TestResult
 
 MARKERS = {
     "gpu": "needs a usable NVIDIA GPU (skips without a driver, fails when the driver is there but torch cannot use it)",
@@ -17,12 +32,21 @@ MARKERS = {
     "vllm": "needs a vLLM interpreter (--vllm-python) or a running server (--endpoint)",
     "slow": "takes more than a few seconds",
 }
+OPTION_NAMES = ("model", "device", "vram_budget", "precisions", "expect_gpu", "report_dir",
+                "vllm_python", "baseline_vllm_python", "endpoint", "baseline", "hw_level")
+
+settings_key = pytest.StashKey[settings_mod.Settings]()
+env_key = pytest.StashKey[env_mod.Environment]()
+results_key = pytest.StashKey[RunResults]()
+html_fragments_key = pytest.StashKey[list]()
+record_key = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("harness", "LLM harness")
     group.addoption("--model", default=None,
-                    help="model directory, or a reference name (qwen2.5-0.5b, ...; tiny-qwen2, tiny-llama); default: embedded models")
+                    help="model directory, or a reference name (qwen2.5-0.5b, ...; tiny-qwen2, tiny-llama); "
+                         "default: the embedded tiny model")
     group.addoption("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
     group.addoption("--vram-budget", default=None,
                     help="run GPU fixtures inside this budget, e.g. 6GiB (emulates a small card on a large one)")
@@ -32,7 +56,7 @@ def pytest_addoption(parser):
                     help="fail, rather than skip, GPU checks when no usable GPU is found")
     group.addoption("--report-dir", default=None, help="where HTML and JSON reports go (default: reports/)")
     group.addoption("--vllm-python", default=None,
-                    help="python interpreter of the venv holding vLLM (default: .venvs/vllm-0.32.0/bin/python)")
+                    help="python of the venv holding vLLM (default: .venvs/vllm-0.32.0/bin/python)")
     group.addoption("--baseline-vllm-python", default=None,
                     help="python of an older vLLM venv for the upgrade rehearsal (default: .venvs/vllm-0.31.0/bin/python)")
     group.addoption("--endpoint", default=None,
@@ -41,20 +65,308 @@ def pytest_addoption(parser):
     group.addoption("--hw-level", default=None, help="hardware check depth: quick (default) or full")
 
 
+# ---------------------------------------------------------------------------------------------
+# Configuration: settings, environment probe, report paths
+
+
+def _suite_name(config) -> str:
+    """'hw' for `pytest suites/hw`, 'tests' for `pytest tests`, 'all' for several."""
+    root = config.rootpath
+    names = set()
+    for arg in config.args or ["."]:
+        path = Path(arg.split("::")[0]).resolve()
+        try:
+            parts = path.relative_to(root).parts
+        except ValueError:
+            parts = ()
+        if len(parts) >= 2 and parts[0] == "suites":
+            names.add(parts[1])
+        elif parts and parts[0] in ("suites", "tests"):
+            names.add(parts[0])
+        else:
+            names.add("all")
+    if len(names) == 1:
+        return names.pop()
+    return "all" if len(names) > 2 or "all" in names else "+".join(sorted(names))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-html reads --html
 def pytest_configure(config):
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    options = {
-        name: config.getoption(name)
-        for name in ("model", "device", "vram_budget", "precisions", "expect_gpu", "report_dir",
-                     "vllm_python", "baseline_vllm_python", "endpoint", "baseline", "hw_level")
-    }
+    if hasattr(config, "workerinput"):  # xdist workers: the controller writes reports
+        pass
+    options = {name: config.getoption(name) for name in OPTION_NAMES}
     try:
-        config.harness_settings = settings_mod.resolve(options, root=config.rootpath)
+        settings = settings_mod.resolve(options, root=config.rootpath)
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
+    config.stash[settings_key] = settings
+    config.stash[env_key] = env_mod.probe_environment(settings.vllm_python)
+    config.stash[html_fragments_key] = []
+
+    suite = _suite_name(config)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    settings.report_dir.mkdir(parents=True, exist_ok=True)
+    if getattr(config.option, "htmlpath", None) is None and config.pluginmanager.hasplugin("html"):
+        config.option.htmlpath = str(settings.report_dir / f"{suite}-{stamp}.html")
+        config.option.self_contained_html = True
+    config.stash[results_key] = RunResults(
+        path=settings.report_dir / f"{suite}-{stamp}.json",
+        suite=suite,
+        environment=config.stash[env_key].to_dict(),
+        settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(settings).items()},
+    )
+    config.stash[results_key].write()
+
+
+def pytest_report_header(config):
+    return [f"harness: {env_mod.header_line(config.stash[env_key])}",
+            f"harness: GPU {env_mod.gpu_readiness(config.stash[env_key]).state}: "
+            f"{env_mod.gpu_readiness(config.stash[env_key]).reason}"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_metadata(metadata, config):
+    environment = config.stash.get(env_key, None)
+    if environment is not None:
+        metadata["Machine"] = env_mod.header_line(environment)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_report_title(report):
+    report.title = "LLM harness report"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_results_summary(prefix, summary, postfix, session):
+    config = session.config
+    prefix.append(f"<p><b>Machine</b>: {report_html.html.escape(env_mod.header_line(config.stash[env_key]))}</p>")
+    readiness = env_mod.gpu_readiness(config.stash[env_key])
+    prefix.append(f"<p><b>GPU</b>: {readiness.state}: {report_html.html.escape(readiness.reason)}</p>")
+    results = config.stash[results_key]
+    postfix.append(report_html.TABLE_STYLE)
+    for title, rows in results.tables.items():
+        postfix.append(report_html.table(title, rows))
+    for title, fragment in config.stash[html_fragments_key]:
+        postfix.append(report_html.section(title, fragment))
+
+
+# ---------------------------------------------------------------------------------------------
+# Markers: skip when there is no driver, fail when a driver is there but unusable
+
+
+def pytest_runtest_setup(item):
+    config = item.config
+    settings = config.stash[settings_key]
+    environment = config.stash[env_key]
+    names = {m.name for m in item.iter_markers()}
+    if names & {"gpu", "multi_gpu"}:
+        readiness = env_mod.gpu_readiness(environment)
+        if settings.device == "cpu":
+            pytest.skip("--device cpu")
+        if readiness.state == "absent":
+            if settings.expect_gpu:
+                pytest.fail(f"--expect-gpu: {readiness.reason}", pytrace=False)
+            pytest.skip(readiness.reason)
+        if readiness.state == "broken":
+            pytest.fail(f"GPU present but unusable: {readiness.reason}", pytrace=False)
+        if "multi_gpu" in names and environment.torch.device_count < 2:
+            pytest.skip(f"needs 2 GPUs, torch sees {environment.torch.device_count}")
+    if "bnb" in names:
+        problem = models.bitsandbytes_problem()
+        if problem:
+            pytest.skip(problem)
+    if "vllm" in names and not settings.endpoint:
+        problem = environment.vllm.error
+        if problem:
+            if settings.vllm_python_explicit:
+                pytest.fail(f"--vllm-python: {problem}", pytrace=False)
+            pytest.skip(problem)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results: every test's outcome and record, written after each test
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.harness_record = item.stash.get(record_key, {})
+
+
+def _outcome(report) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.when != "call" and report.failed:
+        return "error"
+    return report.outcome
+
+
+def _message(report) -> str | None:
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    if report.failed:
+        text = getattr(report, "longreprtext", "") or ""
+        lines = [ln for ln in text.splitlines() if ln.startswith("E ")] or text.splitlines()[-1:]
+        return lines[0][1:].strip() if lines and lines[0].startswith("E ") else (lines[0] if lines else None)
+    return None
+
+
+def pytest_runtest_logreport(report):
+    config = _current_config
+    if config is None or results_key not in config.stash:
+        return
+    # One entry per test: the call phase, or the setup phase when it did not pass (skip/error),
+    # or a teardown error.
+    if (report.when == "call") or (report.when == "setup" and not report.passed) or \
+            (report.when == "teardown" and report.failed):
+        config.stash[results_key].add_test(TestResult(
+            nodeid=report.nodeid,
+            outcome=_outcome(report),
+            duration_s=round(report.duration, 4),
+            message=_message(report),
+            markers=[k for k in report.keywords if k in MARKERS],
+            record=dict(getattr(report, "harness_record", {}) or {}),
+        ))
+
+
+_current_config = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    global _current_config
+    _current_config = session.config
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if results_key in config.stash:
+        config.stash[results_key].finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if results_key in config.stash:
+        terminalreporter.write_line(f"harness: results JSON: {config.stash[results_key].path}")
+
+
+def pytest_unconfigure(config):
+    """reports/latest.html and latest.json: copies of this run's files (pytest-html has written by now)."""
+    global _current_config
+    _current_config = None
+    if results_key not in config.stash:
+        return
+    report_dir = config.stash[settings_key].report_dir
+    html_path = getattr(config.option, "htmlpath", None)
+    for source, name in ((html_path, "latest.html"), (config.stash[results_key].path, "latest.json")):
+        if source and Path(source).is_file():
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=report_dir)
+            os.close(fd)
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, report_dir / name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures
+
+
+class Recorder:
+    """What a test measured: `record(key=value)` per test, `record.row(table, {...})` for a
+    session table in the HTML report, `record.html(title, fragment)` for a plot or block."""
+
+    def __init__(self, item):
+        self._item = item
+        self._data = item.stash.setdefault(record_key, {})
+
+    def __call__(self, **values: Any) -> None:
+        self._data.update(values)
+        for key, value in values.items():
+            self._item.user_properties.append((key, value))
+
+    def row(self, table: str, row: dict[str, Any]) -> None:
+        self._item.config.stash[results_key].add_row(table, dict(row))
+
+    def html(self, title: str, fragment: str) -> None:
+        self._item.config.stash[html_fragments_key].append((title, fragment))
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+@pytest.fixture
+def record(request) -> Recorder:
+    return Recorder(request.node)
 
 
 @pytest.fixture(scope="session")
-def settings(request) -> settings_mod.Settings:
-    return request.config.harness_settings
+def settings(pytestconfig) -> settings_mod.Settings:
+    return pytestconfig.stash[settings_key]
+
+
+@pytest.fixture(scope="session")
+def harness_env(pytestconfig) -> env_mod.Environment:
+    return pytestconfig.stash[env_key]
+
+
+@pytest.fixture(scope="session")
+def report_dir(settings) -> Path:
+    return settings.report_dir
+
+
+@pytest.fixture(scope="session")
+def show_progress(pytestconfig):
+    """A context manager that lets a slow step's progress lines reach the terminal."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    @contextlib.contextmanager
+    def visible():
+        if capture is None:
+            yield
+        else:
+            with capture.global_and_fixture_disabled():
+                yield
+
+    return visible
+
+
+@pytest.fixture(scope="session")
+def device(settings, harness_env) -> str:
+    """'cuda:N' when a usable GPU is there (or asked for), else 'cpu'."""
+    readiness = env_mod.gpu_readiness(harness_env)
+    if settings.device == "cpu":
+        return "cpu"
+    if settings.device.startswith("cuda") or settings.expect_gpu:
+        if readiness.state != "ready":
+            pytest.fail(f"{settings.device}: {readiness.reason}", pytrace=False)
+        return "cuda:0" if settings.device in ("cuda", "auto") else settings.device
+    return "cuda:0" if readiness.state == "ready" else "cpu"
+
+
+def _build(show_progress, settings, family):
+    with show_progress():
+        return models.tiny_model_dir(family, settings.cache_dir / "models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(settings, show_progress) -> Path:
+    return _build(show_progress, settings, "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(settings, show_progress) -> Path:
+    return _build(show_progress, settings, "llama")
+
+
+@pytest.fixture(scope="session")
+def model_dir(settings, show_progress, tmp_path_factory) -> Path:
+    """--model as a directory; a reference name is materialised with random weights (bf16)."""
+    with show_progress():
+        resolved = models.resolve_model(settings.model, settings.cache_dir / "models")
+        if isinstance(resolved, str):  # a reference architecture
+            out = tmp_path_factory.mktemp(f"random-{resolved}")
+            print(f"[harness] writing random {resolved} weights to {out} ...", flush=True)
+            return models.save_random_model(resolved, out, dtype="bf16")
+        return resolved

@@ -1,0 +1,110 @@
+"""The JSON results file of a suite run: written atomically after every test, so a run that is
+interrupted or killed half way still leaves valid partial results on disk."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON to a temp file in the same directory, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, default=_jsonable, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        return asdict(value)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return value.item()
+    return repr(value)
+
+
+def sanitize(value: Any) -> Any:
+    """Non-finite floats are not JSON: keep them readable as strings ("nan", "inf")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): sanitize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [sanitize(v) for v in value]
+    return value
+
+
+@dataclass
+class TestResult:
+    nodeid: str
+    outcome: str  # passed | failed | skipped | error | xfailed | xpassed
+    duration_s: float
+    message: str | None = None  # skip reason or the first line of the failure
+    markers: list[str] = field(default_factory=list)
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunResults:
+    path: Path
+    suite: str
+    environment: dict[str, Any]
+    settings: dict[str, Any]
+    started: float = field(default_factory=time.time)
+    status: str = "running"  # running | finished | interrupted
+    tests: list[TestResult] = field(default_factory=list)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def add_test(self, result: TestResult) -> None:
+        self.tests.append(result)
+        self.write()
+
+    def add_row(self, table: str, row: dict[str, Any]) -> None:
+        self.tables.setdefault(table, []).append(row)
+
+    def finish(self, interrupted: bool) -> None:
+        self.status = "interrupted" if interrupted else "finished"
+        self.write()
+
+    def summary(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for t in self.tests:
+            counts[t.outcome] = counts.get(t.outcome, 0) + 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        return sanitize({
+            "schema_version": SCHEMA_VERSION,
+            "kind": "pytest-run",
+            "suite": self.suite,
+            "status": self.status,
+            "started": self.started,
+            "updated": time.time(),
+            "summary": self.summary(),
+            "environment": self.environment,
+            "settings": self.settings,
+            "tests": [asdict(t) for t in self.tests],
+            "tables": self.tables,
+        })
+
+    def write(self) -> None:
+        write_json_atomic(self.path, self.to_dict())
