@@ -1,0 +1,135 @@
+"""Findings of the model-directory checker: one stable code each, documented in CODES.
+
+Codes are dotted, lower-case, stable (outside checks match on them). Severity "error" makes the
+report not ok; "warning" informs. A few codes change severity with an option (--allow-pickle,
+--allow-remote-code): they are errors by default and warnings when the user allows them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+ERROR = "error"
+WARNING = "warning"
+
+# code -> (default severity, what it means). The README's table is generated from this.
+CODES: dict[str, tuple[str, str]] = {
+    # completeness
+    "config.missing": (ERROR, "no config.json"),
+    "config.invalid": (ERROR, "config.json is not a JSON object with a model_type"),
+    "weights.missing": (ERROR, "no weights (model.safetensors, an index with its shards, or pytorch_model.bin)"),
+    "weights.adapter_only": (ERROR, "only adapter weights: the merge result was not saved (merge_and_unload() not assigned?)"),
+    "weights.index_invalid": (ERROR, "the weights index is not JSON with a weight_map of names to files"),
+    "weights.index_missing": (ERROR, "several shards but no index naming them"),
+    "weights.missing_shard": (ERROR, "a shard the index names is not in the directory"),
+    "weights.orphan_file": (WARNING, "a weights file no index names (left over from an earlier save?)"),
+    "weights.index_mismatch": (ERROR, "the index and the shards disagree about where a tensor lives"),
+    "weights.duplicate_tensor": (ERROR, "the same tensor name in two weight files"),
+    "tokenizer.missing": (ERROR, "no tokenizer (tokenizer.json, tokenizer.model or vocab.json+merges.txt)"),
+    "tokenizer.invalid": (ERROR, "a tokenizer file is not valid JSON"),
+    "tokenizer.config_missing": (WARNING, "no tokenizer_config.json (special tokens and template unknown)"),
+    "chat_template.missing": (WARNING, "no chat template (chat endpoints will refuse or guess)"),
+    "generation_config.missing": (WARNING, "no generation_config.json (vLLM takes stop ids from it)"),
+    "generation_config.invalid": (ERROR, "generation_config.json is not valid JSON"),
+    "generation_config.no_eos": (WARNING, "no eos_token_id in generation_config.json or config.json"),
+    # integrity of safetensors files (headers only)
+    "safetensors.lfs_pointer": (ERROR, "a git-lfs pointer, not the weights (git lfs pull)"),
+    "safetensors.html_page": (ERROR, "an HTML page (a failed download), not the weights"),
+    "safetensors.header_too_large": (ERROR, "header length over 100 MB: not a safetensors file"),
+    "safetensors.header_invalid": (ERROR, "the header is not the JSON safetensors expects"),
+    "safetensors.unknown_dtype": (ERROR, "a tensor of a dtype safetensors does not know"),
+    "safetensors.bad_offsets": (ERROR, "tensor offsets not contiguous, overlapping or not matching shape x dtype"),
+    "safetensors.truncated": (ERROR, "the file is shorter than its header says (interrupted copy or download)"),
+    "safetensors.trailing_bytes": (ERROR, "the file is longer than its header says"),
+    # consistency with the architecture
+    "arch.unknown": (WARNING, "the architecture could not be instantiated here: shapes not checked"),
+    "arch.missing_tensor": (ERROR, "a parameter the architecture needs is not stored (transformers would random-initialise it)"),
+    "arch.unexpected_tensor": (ERROR, "a stored tensor the architecture does not have"),
+    "arch.shape_mismatch": (ERROR, "a stored tensor has another shape than the architecture expects"),
+    "vocab.config_mismatch": (ERROR, "embedding rows differ from config.vocab_size (vLLM asserts)"),
+    "vocab.tokenizer_overflow": (ERROR, "the tokenizer has ids the embedding has no row for (added tokens without resize)"),
+    "tied.lm_head_missing": (ERROR, "untied config but no lm_head weight (it would be random-initialised)"),
+    "tied.lm_head_stored": (WARNING, "tied config but lm_head is stored too (ignored on load; --deep compares it)"),
+    "tied.lm_head_differs": (ERROR, "tied config but the stored lm_head differs from the embedding (--deep)"),
+    "dtype.mismatch": (ERROR, "weights are stored in another dtype than config.json says"),
+    "dtype.mixed": (WARNING, "floating tensors in several dtypes"),
+    # leftovers of fine-tuning
+    "leftover.adapter_keys": (ERROR, "LoRA/peft keys (lora_A, lora_B, base_layer, base_model.model.) in the weights"),
+    "leftover.adapter_files": (ERROR, "adapter_config.json / adapter_model.* beside full weights (transformers applies it on top)"),
+    # quantization
+    "quant.stale_config": (ERROR, "quantization_config says quantized but the tensors are not"),
+    "quant.missing_config": (ERROR, "quantized tensors but no quantization_config"),
+    "quant.incomplete_config": (ERROR, "quantization_config lacks fields the loaders need"),
+    "quant.bitsandbytes_checkpoint": (ERROR, "a pre-quantized bitsandbytes checkpoint: vLLM does not serve it"),
+    # safety
+    "safety.pickle_file": (ERROR, "a pickle weights file (runs code when loaded without weights_only)"),
+    "safety.pickle_dangerous": (ERROR, "a pickle that imports a dangerous or unresolvable global"),
+    "safety.pickle_unknown_global": (WARNING, "a pickle that imports a global outside the torch allow-list"),
+    "safety.pickle_unreadable": (ERROR, "a pickle file whose opcodes cannot be read"),
+    "safety.remote_code": (ERROR, "auto_map in a config: loading runs code from the directory"),
+    "safety.python_file": (ERROR, "Python files in the directory"),
+    "safety.path_escape": (ERROR, "a symlink or index entry that leaves the directory (never followed)"),
+    "safety.special_file": (ERROR, "a FIFO, socket or device in the directory (never opened)"),
+    "file.unreadable": (ERROR, "a file that cannot be read (permissions, I/O error)"),
+    # --deep
+    "tensor.nan": (ERROR, "NaN values in a tensor (--deep)"),
+    "tensor.inf": (ERROR, "Inf values in a tensor (--deep)"),
+    "tensor.all_zero": (WARNING, "a weight matrix that is all zeros (--deep)"),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str
+    path: str  # relative to the checked directory ("." for the directory itself)
+    message: str  # what is wrong and how to fix it
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DirReport:
+    directory: str
+    findings: list[Finding] = field(default_factory=list)
+    deep: bool = False
+    files_checked: int = 0
+    bytes_read: int = 0  # bytes this check read from DIR (headers only, unless --deep)
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == ERROR for f in self.findings)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == ERROR]
+
+    def codes(self) -> set[str]:
+        return {f.code for f in self.findings}
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "findings": [f.to_dict() for f in self.findings],
+                "directory": self.directory, "deep": self.deep,
+                "files_checked": self.files_checked, "bytes_read": self.bytes_read}
+
+
+class Collector:
+    """Accumulates findings with their default severity (or an override)."""
+
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+
+    def add(self, code: str, path: str, message: str, severity: str | None = None) -> None:
+        if code not in CODES:
+            raise KeyError(f"undocumented finding code {code!r}")
+        self.findings.append(Finding(code, severity or CODES[code][0], path, message))
+
+    def has(self, code: str) -> bool:
+        return any(f.code == code for f in self.findings)
+
+
+def codes_table_markdown() -> str:
+    rows = ["| code | severity | meaning |", "|---|---|---|"]
+    rows += [f"| `{code}` | {sev} | {text} |" for code, (sev, text) in CODES.items()]
+    return "\n".join(rows)
