@@ -248,7 +248,7 @@ def _check_weights(view: DirView, out: Collector):
             stored[name] = (shard, info)
     if INDEX in top and whole:
         _check_index_agrees(view, out, headers)
-    return headers, stored, whole and not pickles
+    return headers, stored, whole
 
 
 def _escaped(out: Collector) -> set[str]:

@@ -161,6 +161,9 @@ class _CountingFile:
     def tell(self) -> int:
         return self._fh.tell()
 
+    def seekable(self) -> bool:
+        return True
+
     def close(self) -> None:
         self._fh.close()
 

@@ -119,7 +119,7 @@ def scan_pickle_file(fh, size: int) -> PickleScan:
     if head.startswith(b"PK"):
         try:
             archive = zipfile.ZipFile(fh)
-        except zipfile.BadZipFile as exc:
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
             result.error = f"damaged zip archive: {exc}"
             return result
         members = [i for i in archive.infolist() if i.filename.endswith(".pkl")]
@@ -130,7 +130,12 @@ def scan_pickle_file(fh, size: int) -> PickleScan:
             if info.file_size > MAX_PICKLE_BYTES:
                 result.error = f"{info.filename} is {info.file_size} bytes, too large to scan"
                 return result
-            names, error = globals_in_pickle(archive.read(info), max_pickles=1)
+            try:
+                data = archive.read(info)
+            except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
+                result.error = f"cannot read {info.filename}: {exc}"
+                return result
+            names, error = globals_in_pickle(data, max_pickles=1)
             result.globals_seen += names
             result.error = result.error or error
     else:
