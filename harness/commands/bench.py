@@ -1,0 +1,109 @@
+"""`python -m harness bench`: load an OpenAI-compatible endpoint, write results JSON (schema 1).
+
+Exit 0 when every request succeeded and the token counts agree, 1 otherwise (the results file is
+written either way, after every run), 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from ..errors import CheckFailed, UsageError
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{what}: {text!r} is not a comma list of integers") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{what}: {text!r} needs integers >= 1")
+    return values
+
+
+def parse_slo(text: str | None):
+    from ..serving.stats import SLO
+
+    if not text:
+        return None
+    fields = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            raise UsageError(f"--slo: unknown key {key!r} (use ttft_ms, tpot_ms, e2e_ms, e.g. ttft_ms=500,tpot_ms=50)")
+        try:
+            fields[key] = float(value)
+        except ValueError:
+            raise UsageError(f"--slo: {item!r} needs a number, e.g. ttft_ms=500") from None
+    return SLO(**fields)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--endpoint", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", required=True, help="model name as the server knows it")
+    parser.add_argument("--concurrency", default="1", help="closed-loop concurrency levels, comma list (default 1)")
+    parser.add_argument("--request-rate", type=float, default=None,
+                        help="open loop: Poisson arrivals at this many requests/s (the first --concurrency value caps requests in flight)")
+    parser.add_argument("--num-prompts", type=int, required=True, help="requests per run")
+    parser.add_argument("--input-len", type=int, required=True, help="prompt tokens (exact with a tokenizer)")
+    parser.add_argument("--output-len", type=int, required=True, help="output tokens (ignore_eos, min_tokens = max_tokens)")
+    parser.add_argument("--prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model when it is a local directory)")
+    parser.add_argument("--api", choices=("completions", "chat"), default="completions")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request before it counts as timed out (default 120)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per level (compare wants at least 3)")
+    parser.add_argument("--warmup", type=int, default=2, help="requests before each run, kept out of the figures (default 2)")
+    parser.add_argument("--slo", default=None, help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-requests", action="store_true", help="leave per-request raw events out of the JSON")
+    parser.add_argument("--out", required=True, help="results JSON to write")
+
+
+def run(args) -> int:
+    from ..serving.client import Target
+    from ..serving.runner import BenchConfig, run_bench
+    from ..serving.workload import Workload, tokenizer_dir_for
+    endpoint = args.endpoint.rstrip("/")
+    if not re.match(r"^https?://[^\s/]+$", endpoint):
+        raise UsageError(f"--endpoint: {args.endpoint!r} is not a base URL like http://127.0.0.1:8000")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    if args.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    if args.request_rate is not None and args.request_rate <= 0:
+        raise UsageError("--request-rate must be positive")
+    out = Path(args.out)
+    if out.is_dir():
+        raise UsageError(f"--out: {args.out!r} is a directory")
+    workload = Workload(input_len=args.input_len, output_len=args.output_len, num_prompts=args.num_prompts,
+                        prefix_len=args.prefix_len, api=args.api, seed=args.seed)
+    cfg = BenchConfig(
+        target=Target(base_url=endpoint, model=args.model, api=args.api, timeout_s=args.timeout),
+        workload=workload,
+        concurrencies=_int_list(args.concurrency, "--concurrency"),
+        request_rate=args.request_rate,
+        repeats=args.repeats,
+        warmup=max(0, args.warmup),
+        slo=parse_slo(args.slo),
+        tokenizer_dir=tokenizer_dir_for(args.model, args.tokenizer),
+        out=out,
+        keep_requests=not args.no_requests,
+    )
+    data = run_bench(cfg)
+    failed = sum(r["requests_failed"] for r in data["runs"])
+    total = sum(r["requests_ok"] + r["requests_failed"] for r in data["runs"])
+    disagree = [f for r in data["runs"] for f in r["token_accounting"]["findings"]]
+    print(f"wrote {out}", file=sys.stderr)
+    if failed:
+        errors: dict[str, int] = {}
+        for r in data["runs"]:
+            for k, v in r["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+        detail = ", ".join(f"{k} x{v}" for k, v in sorted(errors.items()))
+        raise CheckFailed(f"{failed} of {total} requests failed ({detail}); results in {out}")
+    if disagree:
+        raise CheckFailed(f"token counts disagree: {disagree[0]}; results in {out}")
+    return 0

@@ -1,0 +1,48 @@
+"""`python -m harness report RESULTS.json [...] --out FILE.html`: one self-contained HTML page."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("results", nargs="+", help="bench results JSON files (schema_version 1)")
+    parser.add_argument("--out", required=True, help="HTML file to write")
+    parser.add_argument("--compare", action="store_true",
+                        help="with exactly two files: add the comparison table (baseline first); "
+                             "fingerprint differences are shown, not refused")
+
+
+def run(args) -> int:
+    from ..report.bench_html import render
+    from ..serving import results
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise UsageError(f"--out: {args.out!r} is a directory")
+    datas = [results.load(p) for p in args.results]
+    comparison = None
+    if args.compare:
+        if len(datas) != 2:
+            raise UsageError("--compare needs exactly two results files")
+        from ..serving import compare as cmp
+
+        try:
+            result = cmp.compare(datas[0], datas[1], allow=results.FINGERPRINT_FIELDS, min_repeats=1)
+            comparison = cmp.format_table(result)
+        except UsageError as exc:
+            comparison = f"not compared: {exc}"
+    page = render(list(args.results), datas, comparison)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(page)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0

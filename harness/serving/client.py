@@ -1,0 +1,312 @@
+"""Asynchronous OpenAI-compatible streaming load client: one asyncio process, raw events kept.
+
+Conventions (design.md): TTFT is send -> first chunk whose text is non-empty (a role-only chat
+delta is not a token); a request fails on a non-2xx status, an in-band error frame, a stream that
+ends without ``[DONE]``, a stream with no content, a timeout or a broken connection.
+
+The client measures itself. Every send is dispatched through ``loop.call_at(scheduled)``: the
+delay between the scheduled instant and the moment the loop actually runs the dispatch is the
+*schedule lag* (in closed-loop mode the scheduled instant is when the slot freed up). A probe timer
+also samples how late the loop runs timers during the run (*loop lag*). Large lags mean the
+client, not the server, was the bottleneck, and the results say so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field, asdict
+from typing import Callable, Sequence
+
+import aiohttp
+
+FAILURE_CLASSES = ("http_4xx", "http_5xx", "error_frame", "no_done", "no_content", "timeout", "connection")
+
+
+@dataclass
+class RequestSpec:
+    """One request to send: the prompt and the token counts the client expects."""
+
+    prompt: str
+    input_tokens: int  # by the client's tokenizer, special tokens included as the server adds them
+    output_tokens: int  # max_tokens = min_tokens
+
+
+@dataclass
+class RequestRecord:
+    """Raw events of one request. Times are seconds since the run's start (monotonic clock)."""
+
+    index: int
+    scheduled_s: float
+    dispatched_s: float = 0.0  # when the loop ran the dispatch: dispatched - scheduled = schedule lag
+    sent_s: float = 0.0
+    end_s: float = 0.0
+    chunk_s: list[float] = field(default_factory=list)  # arrival of each chunk carrying content
+    status: int | None = None
+    error: str | None = None  # a failure class (http_<status>, error_frame, ...) or None
+    error_detail: str | None = None
+    prompt_tokens: int | None = None  # server usage
+    completion_tokens: int | None = None
+    expected_input_tokens: int = 0
+    expected_output_tokens: int = 0
+    finish_reason: str | None = None
+    output_text: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def schedule_lag_s(self) -> float:
+        return self.dispatched_s - self.scheduled_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.chunk_s[0] - self.sent_s if self.chunk_s else None
+
+    @property
+    def e2e_s(self) -> float:
+        return self.end_s - self.sent_s
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["ttft_s"] = self.ttft_s
+        return data
+
+
+@dataclass
+class LoadResult:
+    records: list[RequestRecord]
+    loop_lag_s: list[float]
+    started_wall: float  # time.time() at the run's start, to line up with server samples
+    duration_s: float  # first send to last end
+
+
+@dataclass
+class Target:
+    base_url: str  # http://127.0.0.1:8000
+    model: str
+    api: str = "completions"  # or "chat"
+    timeout_s: float = 60.0
+
+
+def request_body(target: Target, spec: RequestSpec) -> dict:
+    body: dict = {
+        "model": target.model,
+        "max_tokens": spec.output_tokens,
+        "min_tokens": spec.output_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if target.api == "chat":
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        body["prompt"] = spec.prompt
+    return body
+
+
+def _chunk_text(frame: dict) -> str:
+    text = ""
+    for choice in frame.get("choices") or ():
+        if "text" in choice and choice["text"]:
+            text += choice["text"]
+        delta = choice.get("delta") or {}
+        text += (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+    return text
+
+
+def _error_of(frame: dict) -> str | None:
+    if "error" in frame:
+        err = frame["error"]
+        return (err.get("message") if isinstance(err, dict) else str(err)) or "error frame"
+    if frame.get("object") == "error":
+        return frame.get("message") or "error frame"
+    return None
+
+
+async def send_one(
+    session: aiohttp.ClientSession, target: Target, spec: RequestSpec, record: RequestRecord, t0: float
+) -> RequestRecord:
+    """Send one streaming request and fill `record` in. Never raises for a server fault."""
+    loop = asyncio.get_running_loop()
+    path = "/v1/chat/completions" if target.api == "chat" else "/v1/completions"
+    record.expected_input_tokens = spec.input_tokens
+    record.expected_output_tokens = spec.output_tokens
+    done = False
+    pieces: list[str] = []
+    record.sent_s = loop.time() - t0
+    try:
+        async with asyncio.timeout(target.timeout_s):
+            async with session.post(target.base_url + path, json=request_body(target, spec)) as resp:
+                record.status = resp.status
+                if resp.status >= 300:
+                    detail = (await resp.text())[:300]
+                    record.error = f"http_{resp.status}"
+                    record.error_detail = detail
+                    return record
+                buffer = b""
+                async for data in resp.content.iter_any():
+                    now = loop.time() - t0
+                    buffer += data
+                    while not done:
+                        cut = buffer.find(b"\n")
+                        if cut < 0:
+                            break
+                        line, buffer = buffer[:cut].strip(), buffer[cut + 1:]
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            done = True
+                            break
+                        try:
+                            frame = json.loads(payload)
+                        except ValueError:
+                            record.error, record.error_detail = "error_frame", f"unparsable frame {payload[:120]!r}"
+                            return record
+                        message = _error_of(frame)
+                        if message is not None:
+                            record.error, record.error_detail = "error_frame", str(message)[:300]
+                            return record
+                        text = _chunk_text(frame)
+                        if text:
+                            record.chunk_s.append(now)
+                            pieces.append(text)
+                        for choice in frame.get("choices") or ():
+                            if choice.get("finish_reason"):
+                                record.finish_reason = choice["finish_reason"]
+                        usage = frame.get("usage")
+                        if usage:
+                            record.prompt_tokens = usage.get("prompt_tokens")
+                            record.completion_tokens = usage.get("completion_tokens")
+                    if done:
+                        break
+    except TimeoutError:
+        record.error, record.error_detail = "timeout", f"no complete answer within {target.timeout_s:g} s"
+    except (aiohttp.ClientError, ConnectionError, OSError) as exc:
+        record.error, record.error_detail = "connection", f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        record.end_s = loop.time() - t0
+        record.output_text = "".join(pieces)
+    if record.error is None:
+        if not done:
+            record.error, record.error_detail = "no_done", "stream ended without data: [DONE]"
+        elif not record.chunk_s:
+            record.error, record.error_detail = "no_content", "stream carried no content"
+    return record
+
+
+def make_session(limit: int = 0) -> aiohttp.ClientSession:
+    # A large read buffer: small ones throttle long streams (facts.md); no connection cap.
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, force_close=False),
+        read_bufsize=2**20,
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
+
+
+async def _probe_loop_lag(samples: list[float], stop: asyncio.Event, interval_s: float = 0.01) -> None:
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = loop.time() + interval_s
+        fut = loop.create_future()
+        loop.call_at(due, fut.set_result, None)
+        await fut
+        samples.append(loop.time() - due)
+
+
+async def run_load(
+    target: Target,
+    specs: Sequence[RequestSpec],
+    *,
+    concurrency: int | None = None,
+    request_rate: float | None = None,
+    seed: int = 0,
+    on_progress: Callable[[int, int], None] | None = None,
+    session: aiohttp.ClientSession | None = None,
+) -> LoadResult:
+    """Send every spec: closed loop with `concurrency` slots, or open loop at Poisson `request_rate`.
+
+    In rate mode `concurrency`, when given, caps the requests in flight (a request waiting for a
+    slot counts that wait as schedule lag: the client, not the server, delayed it).
+    """
+    if not concurrency and not request_rate:
+        raise ValueError("give concurrency or request_rate")
+    own_session = session is None
+    session = session or make_session()
+    loop = asyncio.get_running_loop()
+    records: list[RequestRecord] = []
+    lag_samples: list[float] = []
+    stop = asyncio.Event()
+    probe = asyncio.create_task(_probe_loop_lag(lag_samples, stop))
+    finished = 0
+    t0 = loop.time()
+    started_wall = time.time()
+
+    async def dispatch_at(when_s: float, index: int) -> RequestRecord:
+        record = RequestRecord(index=index, scheduled_s=when_s)
+        fut = loop.create_future()
+        loop.call_at(t0 + when_s, lambda: fut.done() or fut.set_result(loop.time() - t0))
+        record.dispatched_s = await fut
+        records.append(record)
+        return record
+
+    def progress() -> None:
+        nonlocal finished
+        finished += 1
+        if on_progress:
+            on_progress(finished, len(specs))
+
+    try:
+        if request_rate:
+            rng = random.Random(seed)
+            gate = asyncio.Semaphore(concurrency) if concurrency else None
+            arrivals, t = [], 0.0
+            for _ in specs:
+                arrivals.append(t)
+                t += rng.expovariate(request_rate)
+
+            async def one(i: int) -> None:
+                record = RequestRecord(index=i, scheduled_s=arrivals[i])
+                fut = loop.create_future()
+                loop.call_at(t0 + arrivals[i], lambda: fut.done() or fut.set_result(None))
+                await fut
+                if gate is not None:
+                    await gate.acquire()
+                record.dispatched_s = loop.time() - t0
+                records.append(record)
+                try:
+                    await send_one(session, target, specs[i], record, t0)
+                finally:
+                    if gate is not None:
+                        gate.release()
+                progress()
+
+            await asyncio.gather(*(one(i) for i in range(len(specs))))
+        else:
+            next_index = iter(range(len(specs)))
+
+            async def worker() -> None:
+                free_at = 0.0
+                for i in next_index:
+                    record = await dispatch_at(free_at, i)
+                    await send_one(session, target, specs[i], record, t0)
+                    progress()
+                    free_at = loop.time() - t0
+
+            await asyncio.gather(*(worker() for _ in range(min(concurrency, len(specs)))))
+    finally:
+        stop.set()
+        await probe
+        if own_session:
+            await session.close()
+    records.sort(key=lambda r: r.index)
+    if records:
+        duration = max(r.end_s for r in records) - min(r.sent_s for r in records)
+    else:
+        duration = 0.0
+    return LoadResult(records=records, loop_lag_s=lag_samples, started_wall=started_wall, duration_s=duration)

@@ -1,0 +1,231 @@
+"""Start a server process (vLLM from any interpreter, or the stand-in), wait for it, always kill it.
+
+The server runs in its own process group on 127.0.0.1 and a free port, logging to a file. While
+waiting for /health the process is watched: a crash at start raises ServerStartError naming the
+log's cause. On exit the whole group gets SIGTERM, then SIGKILL; an atexit hook does the same for
+anything a crashed caller left behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field, asdict
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from ..errors import HarnessError
+
+_LIVE_GROUPS: set[int] = set()
+
+
+class ServerStartError(HarnessError):
+    """The server exited or never became healthy; the message carries the log's cause."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class StartupInfo:
+    """What vLLM's startup log says about its KV cache (None where the log did not say)."""
+
+    version: str | None = None
+    kv_cache_tokens: int | None = None
+    kv_cache_memory_gib: float | None = None
+    max_concurrency: float | None = None
+    max_concurrency_at_tokens: int | None = None
+    startup_s: float | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+_KV_TOKENS = re.compile(r"KV cache size:\s*([\d,]+)\s*tokens")
+_MAX_CONC = re.compile(r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*([\d.,]+)x")
+_KV_MEM_GPU = re.compile(r"Available KV cache memory:\s*([\d.]+)\s*GiB")
+_KV_MEM_CPU = re.compile(r"\(([\d.]+)/[\d.]+\)\s*GiB for KV cache")
+_VERSION = re.compile(r"(?:vLLM API server version|version)\s+v?(\d+\.\d+\.\d+\S*)")
+
+
+def parse_startup_log(text: str) -> StartupInfo:
+    info = StartupInfo()
+    if m := _KV_TOKENS.search(text):
+        info.kv_cache_tokens = int(m.group(1).replace(",", ""))
+    if m := _MAX_CONC.search(text):
+        info.max_concurrency_at_tokens = int(m.group(1).replace(",", ""))
+        info.max_concurrency = float(m.group(2).replace(",", ""))
+    if m := _KV_MEM_GPU.search(text) or _KV_MEM_CPU.search(text):
+        info.kv_cache_memory_gib = float(m.group(1))
+    if m := _VERSION.search(text):
+        info.version = m.group(1)
+    return info
+
+
+_CAUSE = re.compile(r"(Error|Exception|error:|ERROR|Traceback|Killed|RuntimeError)")
+
+
+def log_cause(text: str, lines: int = 3) -> str:
+    """The most telling lines of a crash log: the last error/exception lines, else the tail."""
+    all_lines = [line.strip() for line in text.splitlines() if line.strip()]
+    hits = [line for line in all_lines if _CAUSE.search(line) and not line.startswith("warnings.warn")]
+    chosen = hits[-lines:] if hits else all_lines[-lines:]
+    return " | ".join(line[:300] for line in chosen) or "(empty log)"
+
+
+@dataclass
+class ServerProcess:
+    """A running server: where to reach it, its log, and (for vLLM) what its startup log said."""
+
+    base_url: str
+    port: int
+    pid: int
+    log_path: Path
+    command: list[str]
+    flags: list[str] = field(default_factory=list)
+    model: str | None = None
+    startup: StartupInfo = field(default_factory=StartupInfo)
+    _proc: subprocess.Popen | None = None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def kill(self, grace_s: float = 10.0) -> None:
+        if self._proc is not None:
+            stop_group(self._proc, grace_s)
+
+    def environment(self) -> dict:
+        """Facts for the results' environment block."""
+        return {"flags": self.flags, "startup": self.startup.to_json(), "server_log": str(self.log_path),
+                "server_command": self.command}
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the process group, wait, then SIGKILL it. Safe to call twice."""
+    pgid = proc.pid
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # the leader is gone; children (vLLM's engine core) may linger in the group
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+    _LIVE_GROUPS.discard(pgid)
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for pgid in list(_LIVE_GROUPS):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def start_process(
+    command: Sequence[str],
+    *,
+    port: int,
+    env: dict | None = None,
+    log_path: Path | None = None,
+    startup_timeout_s: float = 600.0,
+    name: str = "server",
+    health_path: str = "/health",
+    progress: bool = True,
+) -> Iterator[ServerProcess]:
+    log_path = Path(log_path or tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    base_url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})}, start_new_session=True)
+    _LIVE_GROUPS.add(proc.pid)
+    server = ServerProcess(base_url=base_url, port=port, pid=proc.pid, log_path=log_path, command=list(command), _proc=proc)
+    try:
+        started = time.monotonic()
+        last_note = 0.0
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise ServerStartError(f"{name} exited with code {code} during start-up: {log_cause(server.log_text())} (log: {log_path})")
+            if _healthy(base_url + health_path):
+                break
+            elapsed = time.monotonic() - started
+            if elapsed > startup_timeout_s:
+                raise ServerStartError(f"{name} not healthy after {startup_timeout_s:.0f} s: {log_cause(server.log_text())} (log: {log_path})")
+            if progress and elapsed - last_note >= 10:
+                last_note = elapsed
+                print(f"waiting for {name} on {base_url}: {elapsed:.0f} s", file=sys.stderr, flush=True)
+            time.sleep(0.5)
+        server.startup = parse_startup_log(server.log_text())
+        server.startup.startup_s = round(time.monotonic() - started, 1)
+        if progress:
+            print(f"{name} ready on {base_url} after {server.startup.startup_s:.0f} s", file=sys.stderr, flush=True)
+        yield server
+    finally:
+        stop_group(proc)
+
+
+@contextlib.contextmanager
+def launch_vllm(
+    python: str | Path,
+    model_dir: str | Path,
+    flags: Sequence[str] = (),
+    env: dict | None = None,
+    *,
+    log_dir: Path | None = None,
+    startup_timeout_s: float = 600.0,
+    served_model_name: str | None = None,
+) -> Iterator[ServerProcess]:
+    """vLLM's OpenAI server from interpreter `python` (its own venv), on 127.0.0.1:<free port>."""
+    python = Path(python)
+    if not python.exists():
+        raise ServerStartError(f"vLLM interpreter {python} does not exist")
+    port = free_port()
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--host", "127.0.0.1", "--port", str(port), *flags]
+    if served_model_name:
+        command += ["--served-model-name", served_model_name]
+    full_env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    log_path = None
+    if log_dir is not None:
+        log_path = Path(log_dir) / f"vllm-{port}.log"
+    with start_process(command, port=port, env=full_env, log_path=log_path,
+                       startup_timeout_s=startup_timeout_s, name=f"vLLM ({python.parent.parent.name})") as server:
+        server.flags = list(flags)
+        server.model = served_model_name or str(model_dir)
+        yield server

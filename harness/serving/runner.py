@@ -1,0 +1,182 @@
+"""One bench session: preflight, warm-up, runs per concurrency (or rate) and repeat, results on disk
+after every run (an interrupted bench leaves what it measured)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from .. import __version__
+from ..errors import CheckFailed
+from . import metrics, results
+from .client import RequestSpec, Target, make_session, run_load
+from .stats import SLO, summarize_run
+from .workload import PromptTokenizer, Workload, build_specs, specs_without_tokenizer
+
+
+@dataclass
+class BenchConfig:
+    target: Target
+    workload: Workload
+    concurrencies: list[int] = field(default_factory=lambda: [1])
+    request_rate: float | None = None  # Poisson mode (concurrency then caps requests in flight)
+    repeats: int = 1
+    warmup: int = 2
+    slo: SLO | None = None
+    tokenizer_dir: Path | None = None
+    out: Path | None = None
+    keep_requests: bool = True
+    environment: dict = field(default_factory=dict)  # extra facts (flags, startup info) to record
+    metrics_interval_s: float = 0.5
+    quiet: bool = False
+
+
+def _say(cfg: BenchConfig, text: str) -> None:
+    if not cfg.quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+async def preflight(session: aiohttp.ClientSession, target: Target, timeout_s: float = 10.0) -> dict:
+    """Reach the server and check it serves the model; raises CheckFailed with one clear line."""
+    info: dict = {}
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.get(target.base_url + "/v1/models") as resp:
+                if resp.status == 200:
+                    served = [m.get("id") for m in (await resp.json()).get("data", [])]
+                    info["served_models"] = served
+                    if served and target.model not in served:
+                        raise CheckFailed(f"model {target.model!r} is not served by {target.base_url} (it serves: {', '.join(served)})")
+            try:
+                async with session.get(target.base_url + "/version") as resp:
+                    if resp.status == 200:
+                        info["server_version"] = (await resp.json()).get("version")
+            except (aiohttp.ClientError, ValueError):
+                pass
+    except TimeoutError:
+        raise CheckFailed(f"{target.base_url} did not answer /v1/models within {timeout_s:g} s") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise CheckFailed(f"cannot reach {target.base_url}: {type(exc).__name__}: {exc}") from None
+    return info
+
+
+def _results_skeleton(cfg: BenchConfig, info: dict, tokenizer: PromptTokenizer | None) -> dict:
+    env = {
+        "server_url": cfg.target.base_url,
+        "server_version": info.get("server_version"),
+        "served_models": info.get("served_models"),
+        "model": cfg.target.model,
+        "model_id": cfg.environment.get("model_id") or Path(cfg.target.model).name,
+        "tokenizer": tokenizer.source if tokenizer else None,
+        "flags": cfg.environment.get("flags", []),
+        "machine": results.machine(),
+    }
+    env.update({k: v for k, v in cfg.environment.items() if k not in env or env[k] is None})
+    workload = cfg.workload.to_json() | {
+        "concurrency": cfg.concurrencies,
+        "request_rate": cfg.request_rate,
+        "repeats": cfg.repeats,
+        "warmup": cfg.warmup,
+        "timeout_s": cfg.target.timeout_s,
+        "api": cfg.target.api,
+    }
+    return {
+        "schema_version": results.SCHEMA_VERSION,
+        "tool": {"name": "llm-harness", "version": __version__, "argv": sys.argv,
+                 "definitions": {"ttft": "send -> first chunk with content",
+                                 "tpot": "(e2e - ttft) / (output tokens - 1), per request",
+                                 "itl": "gaps between content chunks, pooled",
+                                 "e2e": "send -> end of stream"}},
+        "environment": env,
+        "workload": workload,
+        "runs": [],
+        "complete": False,
+    }
+
+
+async def run_bench_async(cfg: BenchConfig) -> dict:
+    tokenizer = PromptTokenizer(cfg.tokenizer_dir) if cfg.tokenizer_dir else None
+    specs = build_specs(cfg.workload, tokenizer) if tokenizer else specs_without_tokenizer(cfg.workload)
+    warm_specs = _warmup_specs(cfg.workload, tokenizer, cfg.warmup)
+    session = make_session()
+    try:
+        info = await preflight(session, cfg.target)
+        data = _results_skeleton(cfg, info, tokenizer)
+        first = await metrics.fetch(session, cfg.target.base_url)
+        data["environment"]["metric_names"] = sorted(n for n in first.names() if n.startswith("vllm:")) if first else None
+        if cfg.out:
+            results.write_atomic(cfg.out, data)
+        levels = cfg.concurrencies if not cfg.request_rate else [cfg.concurrencies[0] if cfg.concurrencies else None]
+        for level in levels:
+            for rep in range(cfg.repeats):
+                if warm_specs:
+                    await run_load(cfg.target, warm_specs, concurrency=min(len(warm_specs), level or 1), session=session)
+                run = await _one_run(cfg, session, specs, level, rep, tokenizer)
+                data["runs"].append(run)
+                if cfg.out:
+                    results.write_atomic(cfg.out, data)
+                _say(cfg, _run_line(run))
+        data["complete"] = True
+        if cfg.out:
+            results.write_atomic(cfg.out, data)
+        return data
+    finally:
+        await session.close()
+
+
+def _warmup_specs(workload: Workload, tokenizer: PromptTokenizer | None, n: int) -> list[RequestSpec]:
+    if n <= 0:
+        return []
+    warm = Workload(input_len=workload.input_len, output_len=min(workload.output_len, 4), num_prompts=n,
+                    prefix_len=0, api=workload.api, seed=workload.seed + 10_000)
+    return build_specs(warm, tokenizer) if tokenizer else specs_without_tokenizer(warm)
+
+
+async def _one_run(cfg, session, specs, level, rep, tokenizer) -> dict:
+    label = f"rate {cfg.request_rate:g}/s" if cfg.request_rate else f"concurrency {level}"
+    before = await metrics.settled(session, cfg.target.base_url)
+    sampler = metrics.Sampler(session, cfg.target.base_url, cfg.metrics_interval_s) if before else None
+    if sampler:
+        sampler.start()
+    started = time.monotonic()
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 2.0 or done == total:
+            last[0] = now
+            _say(cfg, f"  {label} repeat {rep + 1}/{cfg.repeats}: {done}/{total} requests, {now - started:.0f} s")
+
+    try:
+        load = await run_load(cfg.target, specs, concurrency=level, request_rate=cfg.request_rate,
+                              seed=cfg.workload.seed + rep, on_progress=progress, session=session)
+    finally:
+        series = await sampler.stop() if sampler else []
+    after = await metrics.settled(session, cfg.target.base_url) if before else None
+    return summarize_run(
+        load, concurrency=level, request_rate=cfg.request_rate, slo=cfg.slo,
+        server_delta=metrics.delta(before, after), server_timeseries=series,
+        count_output=tokenizer.count_output if tokenizer else None,
+        keep_requests=cfg.keep_requests, repeat=rep,
+    )
+
+
+def _run_line(run: dict) -> str:
+    ttft = run["ttft_ms"]["p50"]
+    text = (f"concurrency {run['concurrency']} repeat {run['repeat'] + 1}: {run['requests_ok']} ok, "
+            f"{run['requests_failed']} failed {run['errors'] or ''}, TTFT p50 "
+            f"{'-' if ttft is None else f'{ttft:.1f} ms'}, {run['output_throughput']:.1f} output tok/s")
+    if run["client_bound"]:
+        text += " [CLIENT-BOUND: " + "; ".join(run["client_bound_reasons"]) + "]"
+    if not run["token_accounting"]["agree"]:
+        text += " [TOKENS: " + "; ".join(run["token_accounting"]["findings"]) + "]"
+    return text
+
+
+def run_bench(cfg: BenchConfig) -> dict:
+    return asyncio.run(run_bench_async(cfg))

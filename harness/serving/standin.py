@@ -1,0 +1,185 @@
+"""Calibration stand-in server: an OpenAI-compatible streaming server with known timing and faults.
+
+It is not a model. It answers /v1/completions and /v1/chat/completions by streaming `max_tokens`
+chunks, the first after `--ttft-ms`, then one every `--token-interval-ms`, so a client's figures
+can be checked against known values, and so the client's own limits (schedule lag at hundreds of
+streams) can be measured. It serves several model names, each a behaviour:
+
+  standin               a well-behaved stream (chat streams a role-only delta first)
+  standin-http500       HTTP 500 before any token
+  standin-error-frame   a few tokens, then an in-band `data: {"error": ...}` frame and [DONE]
+  standin-drop          a few tokens, then the connection is cut (a crash mid-stream)
+  standin-no-done       every token, then the stream ends without [DONE]
+  standin-stall         a few tokens, then silence (a hung engine) until the client gives up
+
+Any other model name gets a 404 as vLLM answers it. /metrics exposes vLLM-named counters.
+Run: python -m harness.serving.standin --port 8001 [--ttft-ms 20] [--token-interval-ms 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+MODELS = ("standin", "standin-http500", "standin-error-frame", "standin-drop", "standin-no-done", "standin-stall")
+FAULT_AFTER_TOKENS = 3
+
+
+class _Stats:
+    def __init__(self):
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.running = 0
+        self.ttft_sum = 0.0
+        self.ttft_count = 0
+        self.finished = 0
+
+
+def make_app(ttft_s: float, interval_s: float, seed: int = 0):
+    from aiohttp import web
+
+    stats = _Stats()
+    rng = random.Random(seed)
+
+    async def health(_):
+        return web.Response(text="")
+
+    async def version(_):
+        return web.json_response({"version": "standin-1"})
+
+    async def models(_):
+        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in MODELS]})
+
+    async def metrics(_):
+        lines = [
+            f'vllm:prompt_tokens_total{{model_name="standin"}} {stats.prompt_tokens}',
+            f'vllm:generation_tokens_total{{model_name="standin"}} {stats.generation_tokens}',
+            f'vllm:num_requests_running{{model_name="standin"}} {stats.running}',
+            'vllm:num_requests_waiting{model_name="standin"} 0',
+            'vllm:kv_cache_usage_perc{model_name="standin"} 0',
+            f'vllm:time_to_first_token_seconds_sum{{model_name="standin"}} {stats.ttft_sum}',
+            f'vllm:time_to_first_token_seconds_count{{model_name="standin"}} {stats.ttft_count}',
+            f'vllm:request_success_total{{model_name="standin",finished_reason="length"}} {stats.finished}',
+        ]
+        return web.Response(text="\n".join(lines) + "\n")
+
+    async def complete(request: web.Request):
+        received = time.monotonic()
+        body = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        model = body.get("model")
+        if model not in MODELS:
+            return web.json_response({"object": "error", "message": f"The model `{model}` does not exist.",
+                                      "type": "NotFoundError", "code": 404}, status=404)
+        if model == "standin-http500":
+            return web.json_response({"object": "error", "message": "internal error", "code": 500}, status=500)
+        n = int(body.get("max_tokens") or 16)
+        if chat:
+            prompt = " ".join(m.get("content", "") for m in body.get("messages", []))
+        else:
+            prompt = body.get("prompt", "")
+        prompt_tokens = len(str(prompt).split())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        stats.running += 1
+        stats.prompt_tokens += prompt_tokens
+
+        def frame(text: str | None, finish: str | None = None) -> bytes:
+            if chat:
+                delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
+                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text or "", "finish_reason": finish}
+            return b"data: " + json.dumps({"object": "chunk", "model": model, "choices": [choice]}).encode() + b"\n\n"
+
+        try:
+            if chat:
+                await resp.write(frame(None))
+            # A random phase within one token interval: streams that start together do not stay in
+            # lock-step (a real engine's batches do not deliver every stream's token at one instant).
+            phase = rng.uniform(0.0, interval_s)
+            await asyncio.sleep(max(0.0, ttft_s + phase - (time.monotonic() - received)))
+            for i in range(n):
+                if i == 0:
+                    stats.ttft_sum += time.monotonic() - received
+                    stats.ttft_count += 1
+                elif interval_s:
+                    await asyncio.sleep(interval_s)
+                if i == FAULT_AFTER_TOKENS:
+                    if model == "standin-error-frame":
+                        await resp.write(b'data: {"error": {"message": "engine failed mid-stream", "code": 500}}\n\n')
+                        await resp.write(b"data: [DONE]\n\n")
+                        return resp
+                    if model == "standin-drop":
+                        request.transport.close()
+                        return resp
+                    if model == "standin-stall":
+                        await asyncio.sleep(3600)
+                await resp.write(frame(f" t{i}", "length" if i == n - 1 else None))
+                stats.generation_tokens += 1
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+            await resp.write(b"data: " + json.dumps({"object": "chunk", "choices": [], "usage": usage}).encode() + b"\n\n")
+            if model != "standin-no-done":
+                await resp.write(b"data: [DONE]\n\n")
+            stats.finished += 1
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            stats.running -= 1
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/version", version)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_post("/v1/chat/completions", complete)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.serving.standin", description=__doc__.split("\n")[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ttft-ms", type=float, default=20.0)
+    parser.add_argument("--token-interval-ms", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    from aiohttp import web
+
+    try:
+        import uvloop  # noqa: F401  (not required; the server is fast enough without it)
+    except ImportError:
+        pass
+    web.run_app(make_app(args.ttft_ms / 1000, args.token_interval_ms / 1000), host="127.0.0.1", port=args.port,
+                print=None, backlog=4096, access_log=None)
+    return 0
+
+
+@contextlib.contextmanager
+def run_standin(ttft_ms: float = 20.0, token_interval_ms: float = 10.0, log_dir: Path | None = None) -> Iterator:
+    """The stand-in in its own process (so it never competes with the client's event loop)."""
+    from .launcher import free_port, start_process
+
+    port = free_port()
+    command = [sys.executable, "-m", "harness.serving.standin", "--port", str(port),
+               "--ttft-ms", str(ttft_ms), "--token-interval-ms", str(token_interval_ms)]
+    root = str(Path(__file__).resolve().parents[2])
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    log_path = Path(log_dir) / f"standin-{port}.log" if log_dir else None
+    with start_process(command, port=port, env=env, log_path=log_path, startup_timeout_s=60,
+                       name="stand-in", progress=False) as server:
+        server.model = "standin"
+        yield server
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""From raw request events to the figures of one run (design.md schema, `runs[]` entries).
+
+Definitions, said once because tools disagree (facts.md): TTFT = send -> first content chunk;
+TPOT = (E2E - TTFT) / (output tokens - 1) per request (vLLM's meaning; AIPerf calls this ITL);
+ITL = every gap between consecutive content chunks, pooled over requests; E2E = send -> end.
+Only successful requests enter latency figures; failures count in goodput's denominator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .client import LoadResult, RequestRecord
+
+# Schedule lag above these means the client could not keep its own schedule (the 512-stream bar).
+LAG_P50_LIMIT_MS = 1.0
+LAG_P99_LIMIT_MS = 10.0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), q in [0, 100]."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summary(values_s: Iterable[float]) -> dict:
+    """{"mean","p50","p90","p95","p99","max","count"} in milliseconds (None when empty)."""
+    xs = [1000.0 * v for v in values_s]
+    if not xs:
+        return {k: None for k in ("mean", "p50", "p90", "p95", "p99", "max")} | {"count": 0}
+    return {
+        "mean": sum(xs) / len(xs),
+        "p50": percentile(xs, 50),
+        "p90": percentile(xs, 90),
+        "p95": percentile(xs, 95),
+        "p99": percentile(xs, 99),
+        "max": max(xs),
+        "count": len(xs),
+    }
+
+
+def tpot_s(r: RequestRecord) -> float | None:
+    n = r.completion_tokens or len(r.chunk_s)
+    if r.ttft_s is None or n < 2:
+        return None
+    return (r.e2e_s - r.ttft_s) / (n - 1)
+
+
+def itls_s(r: RequestRecord) -> list[float]:
+    return [b - a for a, b in zip(r.chunk_s, r.chunk_s[1:])]
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def met_by(self, r: RequestRecord) -> bool:
+        if not r.ok:
+            return False
+        if self.ttft_ms is not None and 1000 * (r.ttft_s or math.inf) > self.ttft_ms:
+            return False
+        t = tpot_s(r)
+        if self.tpot_ms is not None and t is not None and 1000 * t > self.tpot_ms:
+            return False
+        if self.e2e_ms is not None and 1000 * r.e2e_s > self.e2e_ms:
+            return False
+        return True
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms), ("e2e_ms", self.e2e_ms)) if v is not None}
+
+
+def token_accounting(records: Sequence[RequestRecord], server_delta: dict | None, count_output=None) -> dict:
+    """Tokens counted three ways: server usage, the client (tokenizer / chunks), /metrics deltas.
+
+    Disagreements become findings. /metrics counts every request the server saw in the window,
+    failed ones included, so it is compared against all requests, usage against successful ones.
+    """
+    ok = [r for r in records if r.ok]
+    usage_in = sum(r.prompt_tokens or 0 for r in ok)
+    usage_out = sum(r.completion_tokens or 0 for r in ok)
+    expected_in = sum(r.expected_input_tokens for r in ok)
+    expected_out = sum(r.expected_output_tokens for r in ok)
+    chunks = sum(len(r.chunk_s) for r in ok)
+    findings = []
+    missing_usage = sum(1 for r in ok if r.prompt_tokens is None or r.completion_tokens is None)
+    if missing_usage:
+        findings.append(f"{missing_usage} successful requests carried no usage (stream_options.include_usage ignored?)")
+    if expected_in and usage_in != expected_in:
+        findings.append(f"input tokens: server usage {usage_in} != client tokenizer {expected_in}")
+    if usage_out != expected_out:
+        short = [r.index for r in ok if (r.completion_tokens or 0) != r.expected_output_tokens]
+        findings.append(f"output tokens: server usage {usage_out} != requested {expected_out} "
+                        f"({len(short)} requests off: min_tokens/ignore_eos not honoured?)")
+    data = {
+        "usage_input_tokens": usage_in,
+        "usage_output_tokens": usage_out,
+        "tokenizer_input_tokens": expected_in or None,
+        "requested_output_tokens": expected_out,
+        "content_chunks": chunks,
+        "metrics_prompt_tokens": None,
+        "metrics_generation_tokens": None,
+    }
+    if count_output is not None:
+        data["tokenizer_output_tokens"] = sum(count_output(r.output_text) for r in ok)
+    if server_delta is not None:
+        failed = len(records) - len(ok)
+        data["metrics_prompt_tokens"] = server_delta.get("prompt_tokens")
+        data["metrics_generation_tokens"] = server_delta.get("generation_tokens")
+        if failed == 0:
+            if data["metrics_prompt_tokens"] is not None and data["metrics_prompt_tokens"] != usage_in:
+                findings.append(f"input tokens: /metrics delta {data['metrics_prompt_tokens']:g} != usage {usage_in}")
+            if data["metrics_generation_tokens"] is not None and data["metrics_generation_tokens"] != usage_out:
+                findings.append(f"output tokens: /metrics delta {data['metrics_generation_tokens']:g} != usage {usage_out}")
+        else:
+            findings.append(f"{failed} requests failed: /metrics deltas include their partial work, not compared")
+    data["agree"] = not findings
+    data["findings"] = findings
+    return data
+
+
+def summarize_run(
+    load: LoadResult,
+    *,
+    concurrency: int | None,
+    request_rate: float | None,
+    slo: SLO | None = None,
+    server_delta: dict | None = None,
+    server_timeseries: list[dict] | None = None,
+    count_output=None,
+    keep_requests: bool = True,
+    repeat: int = 0,
+) -> dict:
+    records = load.records
+    ok = [r for r in records if r.ok]
+    failed = [r for r in records if not r.ok]
+    errors: dict[str, int] = {}
+    for r in failed:
+        errors[r.error] = errors.get(r.error, 0) + 1
+    duration = load.duration_s or math.nan
+    output_tokens = sum(r.completion_tokens or 0 for r in ok)
+    input_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    lag = summary(r.schedule_lag_s for r in records)
+    loop_lag = summary(load.loop_lag_s)
+    reasons = []
+    if (lag["p50"] or 0) > LAG_P50_LIMIT_MS or (lag["p99"] or 0) > LAG_P99_LIMIT_MS:
+        reasons.append(f"schedule lag p50 {lag['p50']:.2f} ms / p99 {lag['p99']:.2f} ms "
+                       f"(limits {LAG_P50_LIMIT_MS:g} / {LAG_P99_LIMIT_MS:g} ms)")
+    warnings = []
+    if (loop_lag["p99"] or 0) > LAG_P99_LIMIT_MS:
+        warnings.append(f"event-loop lag p99 {loop_lag['p99']:.1f} ms: chunk timestamps may be late by as much "
+                        "(the client process was starved of CPU or busy)")
+    good = sum(1 for r in records if slo.met_by(r)) if slo else len(ok)
+    run = {
+        "concurrency": concurrency,
+        "request_rate": request_rate,
+        "repeat": repeat,
+        "requests_ok": len(ok),
+        "requests_failed": len(failed),
+        "errors": errors,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "duration_s": load.duration_s,
+        "request_throughput": len(ok) / duration if ok else 0.0,
+        "output_throughput": output_tokens / duration if ok else 0.0,
+        "total_token_throughput": (input_tokens + output_tokens) / duration if ok else 0.0,
+        "ttft_ms": summary(r.ttft_s for r in ok),
+        "tpot_ms": summary(t for t in (tpot_s(r) for r in ok) if t is not None),
+        "itl_ms": summary(g for r in ok for g in itls_s(r)),
+        "e2e_ms": summary(r.e2e_s for r in ok),
+        "goodput": {
+            "slo": slo.to_json() if slo else {},
+            "requests_good": good,
+            "request_goodput": good / duration if records and duration == duration else 0.0,
+            "fraction": good / len(records) if records else 0.0,
+        },
+        "schedule_lag_ms": lag,
+        "loop_lag_ms": loop_lag,
+        "client_bound": bool(reasons),
+        "client_bound_reasons": reasons,
+        "timing_warnings": warnings,
+        "token_accounting": token_accounting(records, server_delta, count_output),
+        "server_metrics": server_delta,
+        "server_timeseries": [
+            dict(s, t_s=s["wall"] - load.started_wall) for s in (server_timeseries or [])
+        ],
+        "started_wall": load.started_wall,
+    }
+    if keep_requests:
+        run["requests"] = [_compact(r) for r in records]
+    return run
+
+
+def _compact(r: RequestRecord) -> dict:
+    return {
+        "index": r.index,
+        "scheduled_s": round(r.scheduled_s, 6),
+        "dispatched_s": round(r.dispatched_s, 6),
+        "sent_s": round(r.sent_s, 6),
+        "end_s": round(r.end_s, 6),
+        "chunk_s": [round(t, 6) for t in r.chunk_s],
+        "status": r.status,
+        "error": r.error,
+        "error_detail": r.error_detail,
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "finish_reason": r.finish_reason,
+        "ttft_ms": None if r.ttft_s is None else 1000 * r.ttft_s,
+        "e2e_ms": 1000 * r.e2e_s,
+    }

@@ -1,0 +1,145 @@
+"""The load client against the calibration stand-in: figures match known timing, faults end in a
+clear verdict within the timeout, never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from harness.errors import CheckFailed
+from harness.serving.client import RequestSpec, Target, run_load
+from harness.serving.runner import preflight
+from harness.serving.client import make_session
+from harness.serving.standin import run_standin
+from harness.serving.stats import SLO, summarize_run
+
+TTFT_MS = 60.0
+INTERVAL_MS = 15.0
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    with run_standin(ttft_ms=TTFT_MS, token_interval_ms=INTERVAL_MS, log_dir=tmp_path_factory.mktemp("standin")) as server:
+        yield server
+
+
+def _specs(n: int, out: int = 8) -> list[RequestSpec]:
+    return [RequestSpec(prompt=f"w{i} alpha bravo", input_tokens=0, output_tokens=out) for i in range(n)]
+
+
+def _load(server, model: str, n: int = 4, concurrency: int = 4, api: str = "completions", timeout: float = 10.0, out: int = 8):
+    target = Target(server.base_url, model, api=api, timeout_s=timeout)
+    return asyncio.run(run_load(target, _specs(n, out), concurrency=concurrency))
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_known_timing_is_measured(standin, api):
+    load = _load(standin, "standin", n=8, concurrency=4, api=api, out=8)
+    run = summarize_run(load, concurrency=4, request_rate=None)
+    assert run["requests_ok"] == 8 and run["requests_failed"] == 0
+    assert run["output_tokens"] == 64
+    # TTFT = ttft + a random phase below one interval; the chat role-only delta is sent at once
+    # and must not count as the first token.
+    for r in load.records:
+        assert len(r.chunk_s) == 8
+        assert TTFT_MS * 0.95 <= 1000 * r.ttft_s <= TTFT_MS + INTERVAL_MS + 150
+    assert run["itl_ms"]["p50"] == pytest.approx(INTERVAL_MS, abs=8)
+    assert run["tpot_ms"]["p50"] == pytest.approx(INTERVAL_MS, abs=8)
+    assert run["ttft_ms"]["count"] == 8 and run["ttft_ms"]["p50"] <= run["ttft_ms"]["max"]
+
+
+@pytest.mark.parametrize("model, label", [
+    ("standin-http500", "http_500"),
+    ("standin-error-frame", "error_frame"),
+    ("standin-no-done", "no_done"),
+    ("does-not-exist", "http_404"),
+])
+def test_faults_are_classified(standin, model, label):
+    load = _load(standin, model, n=3, concurrency=3)
+    assert [r.error for r in load.records] == [label] * 3
+    run = summarize_run(load, concurrency=3, request_rate=None, slo=SLO(ttft_ms=10_000))
+    assert run["requests_ok"] == 0 and run["errors"] == {label: 3}
+    assert run["goodput"]["requests_good"] == 0 and run["goodput"]["fraction"] == 0.0
+
+
+def test_error_frame_after_tokens_is_a_failure_not_a_success(standin):
+    (record,) = _load(standin, "standin-error-frame", n=1, concurrency=1).records
+    assert record.status == 200 and len(record.chunk_s) == 3
+    assert record.error == "error_frame" and "mid-stream" in record.error_detail
+
+
+def test_cut_connection_mid_stream(standin):
+    (record,) = _load(standin, "standin-drop", n=1, concurrency=1).records
+    assert record.error in ("connection", "no_done")
+    assert len(record.chunk_s) == 3
+
+
+def test_stalled_stream_times_out_on_time(standin):
+    started = time.monotonic()
+    load = _load(standin, "standin-stall", n=2, concurrency=2, timeout=1.5)
+    elapsed = time.monotonic() - started
+    assert [r.error for r in load.records] == ["timeout", "timeout"]
+    assert all(1.4 <= r.e2e_s <= 3.0 for r in load.records)
+    assert elapsed < 5
+
+
+def test_unreachable_endpoint_fails_fast():
+    from harness.serving.launcher import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    load = asyncio.run(run_load(Target(url, "m", timeout_s=30), _specs(3), concurrency=3))
+    assert [r.error for r in load.records] == ["connection"] * 3
+    assert time.monotonic() - started < 5
+
+    async def check():
+        session = make_session()
+        try:
+            await preflight(session, Target(url, "m"))
+        finally:
+            await session.close()
+
+    with pytest.raises(CheckFailed, match="cannot reach"):
+        asyncio.run(check())
+
+
+def test_preflight_names_the_served_models(standin):
+    async def check():
+        session = make_session()
+        try:
+            await preflight(session, Target(standin.base_url, "nope"))
+        finally:
+            await session.close()
+
+    with pytest.raises(CheckFailed, match=r"'nope' is not served .* standin"):
+        asyncio.run(check())
+
+
+def test_poisson_rate_mode_keeps_its_schedule(standin):
+    target = Target(standin.base_url, "standin", timeout_s=10)
+    load = asyncio.run(run_load(target, _specs(20, out=2), request_rate=40.0, seed=3))
+    run = summarize_run(load, concurrency=None, request_rate=40.0)
+    assert run["requests_ok"] == 20
+    arrivals = sorted(r.scheduled_s for r in load.records)
+    assert arrivals[0] == 0.0 and 0.1 < arrivals[-1] < 2.0  # 19 exponential gaps of mean 25 ms
+    assert run["schedule_lag_ms"]["p50"] < 20
+
+
+def test_metrics_and_usage_agree_on_the_standin(standin):
+    from harness.serving import metrics
+    from harness.serving.workload import Workload
+    from harness.serving.runner import BenchConfig, run_bench
+
+    cfg = BenchConfig(target=Target(standin.base_url, "standin", timeout_s=10),
+                      workload=Workload(input_len=5, output_len=4, num_prompts=6), concurrencies=[2],
+                      warmup=1, quiet=True)
+    data = run_bench(cfg)
+    (run,) = data["runs"]
+    acct = run["token_accounting"]
+    assert acct["agree"], acct["findings"]
+    assert acct["metrics_generation_tokens"] == acct["usage_output_tokens"] == 24
+    assert acct["metrics_prompt_tokens"] == acct["usage_input_tokens"] == 30
+    assert run["server_metrics"]["ttft_count"] == 6
+    assert metrics.PROMPT_TOKENS in data["environment"]["metric_names"]
