@@ -1,0 +1,9 @@
+"""Machine-readiness checks: can this box fine-tune and serve, and if not, what to fix.
+
+One module per concern; every check returns a :class:`CheckResult`. Modules that need torch
+import it inside their functions, so importing this package stays cheap.
+"""
+
+from .result import VERDICTS, CheckResult
+
+__all__ = ["CheckResult", "VERDICTS"]
