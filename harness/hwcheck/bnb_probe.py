@@ -27,6 +27,12 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
+def probe_in_process(devices: list[str]) -> dict:
+    """The same probe in this process (no isolation from a native crash): for callers that already
+    import bitsandbytes."""
+    return _probe(devices)
+
+
 def _probe(devices: list[str]) -> dict:
     out: dict = {"devices": devices}
     import logging
@@ -38,11 +44,8 @@ def _probe(devices: list[str]) -> dict:
             logged.append(record.getMessage())
 
     logging.getLogger("bitsandbytes").addHandler(_Keep())
-    import torch
-
     try:
         import bitsandbytes as bnb
-        import bitsandbytes.functional as F
         from bitsandbytes import cextension
     except Exception as exc:
         out["import_error"] = _first_line(exc)
@@ -115,6 +118,8 @@ def run_probe(devices: list[str], python: str | None = None, env: dict | None = 
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=run_env)
     except subprocess.TimeoutExpired:
         return {"devices": devices, "crash": f"bitsandbytes probe timed out after {timeout:.0f} s"}
+    except OSError as exc:
+        return {"devices": devices, "crash": f"cannot run {cmd[0]}: {exc.strerror or exc}"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-3:]

@@ -89,11 +89,16 @@ def nvml_index(torch_index: int) -> int:
     import torch
 
     uuid = str(getattr(torch.cuda.get_device_properties(torch_index), "uuid", "") or "")
-    if uuid:
+    if not uuid:
+        return torch_index
+    N.nvmlInit()
+    try:
         for i in range(N.nvmlDeviceGetCount()):
             nv = N.nvmlDeviceGetUUID(N.nvmlDeviceGetHandleByIndex(i))
             if uuid in (nv.decode() if isinstance(nv, bytes) else nv):
                 return i
+    finally:
+        N.nvmlShutdown()
     return torch_index
 
 

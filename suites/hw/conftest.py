@@ -16,6 +16,22 @@ class HardwareWarning(UserWarning):
     """A check that passed with a caveat the owner should read (shown in pytest's warnings summary)."""
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A check skipped before it ran (no GPU, not the full level) still gets its Readiness row,
+    with the probe's reason as the value."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "setup" and report.skipped and isinstance(report.longrepr, tuple):
+        from harness.plugin import results_key
+
+        results = item.config.stash.get(results_key, None)
+        if results is not None:
+            reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+            results.add_row(READINESS, {"check": item.name.removeprefix("test_"), "value": reason,
+                                        "expectation": "", "verdict": "skip", "fix": ""})
+
+
 @pytest.fixture
 def verdict(record):
     """`verdict(result)`: record it, add it to the Readiness table, then pass, warn, skip or fail."""
