@@ -87,6 +87,7 @@ def measure_memory_write_verify(device: str, fraction: float = 0.9, chunk_bytes:
     """Fill most of free VRAM with two address-dependent patterns and verify each; count bad words."""
     import torch
 
+    torch.cuda.empty_cache()  # blocks cached by earlier checks would otherwise sit outside the test
     free = _free_bytes(device)
     chunk_bytes = chunk_bytes or max(64 * 2**20, min(GiB, free // 32))
     n = chunk_bytes // 4

@@ -51,12 +51,12 @@ def matmul_errors(device: str, n: int = MATMUL_N, seed: int = 0) -> dict[str, fl
     b = torch.randn(n, n, generator=gen, dtype=torch.float64)
     ref = a @ b
     norm = ref.norm().item()
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # no TF32: the fp32 result must be fp32-accurate
     try:
         fp32 = (a.float().to(device) @ b.float().to(device)).double().cpu()
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+        torch.set_float32_matmul_precision(old)
     ref_bf16 = a.bfloat16().double() @ b.bfloat16().double()  # what bf16 inputs should give
     bf16 = (a.bfloat16().to(device) @ b.bfloat16().to(device)).double().cpu()
     return {

@@ -104,7 +104,6 @@ def test_vllm_importable(settings, verdict):
 
 
 @pytest.mark.gpu
-@pytest.mark.vllm
 def test_vllm_capability(harness_env, verdict):
     verdict(combine("vllm_capability", [
         compat.check_vllm_capability(d.capability, harness_env.vllm.version, f"GPU{d.index} ({d.name})")
