@@ -35,7 +35,10 @@ def _timeline_svg(run: dict, title: str, limit: int = 200) -> str:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    reqs = (run.get("requests") or [])[:limit]
+    keys = ("scheduled_s", "dispatched_s", "sent_s", "end_s")
+    reqs = [r for r in (run.get("requests") or []) if all(k in r for k in keys)][:limit]
+    if not reqs:
+        return ""
     fig, ax = plt.subplots(figsize=(7.0, max(2.0, min(8.0, 0.04 * len(reqs) + 1.5))))
     for i, r in enumerate(reqs):
         first = r["sent_s"] + r["ttft_ms"] / 1000 if r.get("ttft_ms") is not None else r["end_s"]

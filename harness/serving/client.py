@@ -32,6 +32,7 @@ class RequestSpec:
     prompt: str
     input_tokens: int  # by the client's tokenizer, special tokens included as the server adds them
     output_tokens: int  # max_tokens = min_tokens
+    seed: int | None = None  # sampling seed: reproducible outputs without greedy decoding
 
 
 @dataclass
@@ -57,6 +58,11 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def answered(self) -> bool:
+        """The server completed the request (usage and [DONE]), visible text or not."""
+        return self.error in (None, "no_content") and self.completion_tokens is not None
 
     @property
     def schedule_lag_s(self) -> float:
@@ -98,10 +104,17 @@ def request_body(target: Target, spec: RequestSpec) -> dict:
         "max_tokens": spec.output_tokens,
         "min_tokens": spec.output_tokens,
         "ignore_eos": True,
-        "temperature": 0.0,
+        # Seeded sampling, not greedy: greedy decoding of a random test model loops on one token,
+        # and when that token is a special token or half a UTF-8 character the whole stream is
+        # invisible ("no content"). Special tokens are sent as text for the same reason.
+        # ignore_eos, min_tokens and skip_special_tokens are vLLM's extensions of the OpenAI API.
+        "temperature": 1.0,
+        "skip_special_tokens": False,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if spec.seed is not None:
+        body["seed"] = spec.seed
     if target.api == "chat":
         body["messages"] = [{"role": "user", "content": spec.prompt}]
     else:
@@ -196,7 +209,8 @@ async def send_one(
         if not done:
             record.error, record.error_detail = "no_done", "stream ended without data: [DONE]"
         elif not record.chunk_s:
-            record.error, record.error_detail = "no_content", "stream carried no content"
+            record.error = "no_content"
+            record.error_detail = f"stream carried no visible text ({record.completion_tokens} tokens by usage)"
     return record
 
 
