@@ -150,6 +150,13 @@ class _GuardCore:
 
         if self.pending is not None:
             self.trip(self.pending)
+        from .nan import tensor_stats
+
+        for name, param in self.params:  # non-finite gradients the hooks could not see (set by hand)
+            stats = tensor_stats(param.grad) if param.grad is not None else None
+            if stats:
+                module, _, leaf = name.rpartition(".")
+                self.trip(NonFinite(phase="backward", module=module, tensor=f"{leaf}.grad", step=self.step + 1, **stats))
         grads = [p.grad for _, p in self.params if p.grad is not None]
         if grads:
             norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))

@@ -73,8 +73,20 @@ def usable_budget(budget_bytes: int, device: str) -> int:
     from .budget import DEFAULT_CONTEXT_BYTES
     from .measure import cuda_context_bytes
 
-    context = cuda_context_bytes(device) if _is_cuda(device) else 0
+    if not _is_cuda(device):
+        return budget_bytes
+    context = cuda_context_bytes(device)
     return budget_bytes - (DEFAULT_CONTEXT_BYTES if context is None else context)
+
+
+def _tensor_bytes(model) -> int:
+    """Bytes of a model's parameters and buffers (the footprint on a CPU, where there is no allocator)."""
+    seen, total = set(), 0
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total
 
 
 @dataclass
@@ -140,7 +152,8 @@ class TwoModelManager:
             print(f"[harness] two models: measuring {name} ...", file=sys.stderr, flush=True)
             model, load_s = self._load(name)
             after = _mem(self.device)
-            self.footprints[name] = Footprint(name, after["allocated"] - before, after["peak"] - before, load_s)
+            size = after["allocated"] - before if _is_cuda(self.device) else _tensor_bytes(model)
+            self.footprints[name] = Footprint(name, size, max(after["peak"] - before, size), load_s)
             self.resident[name] = model
             self._release(name)
         need = sum(f.bytes for f in self.footprints.values()) + self.headroom_bytes
