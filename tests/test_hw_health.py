@@ -122,6 +122,12 @@ def test_reference_rule_passes_at_three_quarters_and_fails_below():
     assert r.details["floor"] == pytest.approx(0.75 * 4300)
 
 
+def test_impossible_figure_is_flagged_as_a_measuring_error():
+    # seen on 2 x H200 before the fix: cuda:1's copy timed on cuda:0's idle stream read 196 TB/s
+    r = references.judge("d2d_bandwidth", "d2d_bandwidth", 196_684.8, "NVIDIA H200")
+    assert r.verdict == "warn" and "measurement itself is suspect" in r.fix
+
+
 def test_gpu_missing_from_table_is_reported_not_failed():
     r = references.judge("bf16_matmul_tflops", "bf16_matmul", 12.0, "NVIDIA GeForce RTX 4060")
     assert r.verdict == "pass" and "figure reported only" in r.expectation and "12.0" in r.value

@@ -29,16 +29,19 @@ def _timed(device: str, fn, iters: int, warmup: int = 3) -> float:
     """Seconds per call of fn on the GPU, by CUDA events, after warm-up."""
     import torch
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize(device)
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / 1000 / iters
+    # Events record on the *current* device's stream: without this, work on cuda:1 is timed by
+    # cuda:0's idle stream (seen on 2 x H200: 196 TB/s "copies").
+    with torch.cuda.device(device):
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize(device)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / 1000 / iters
 
 
 def _free_bytes(device: str) -> int:
