@@ -381,25 +381,18 @@ def lora_params(shape: ModelShape, r: int, targets: Iterable[str]) -> int:
 # Group keys: "fp32", "half" (fp16/bf16), "int8", "4bit" (nf4, fp4, with or without -dq).
 
 CALIBRATION: dict[str, dict[str, float]] = {
-    # weights: peak while loading minus the resident weights
-    "weights/fp32": {"largest_tensor_src": 1.0},
-    "weights/half": {"largest_tensor_src": 1.0},
-    "weights/int8": {"largest_tensor_src": 1.0, "largest_linear_src": 1.0},
-    "weights/4bit": {"largest_tensor_src": 1.0, "largest_linear_src": 1.0},
-    # prefill: one forward, use_cache=True, last-position logits
-    "prefill/fp32": {"const": 32 * MiB, "tok_h": 4.0, "tok_i": 3.0, "tok_qkv": 2.0},
-    "prefill/half": {"const": 32 * MiB, "tok_h": 4.0, "tok_i": 3.0, "tok_qkv": 2.0},
-    "prefill/int8": {"const": 32 * MiB, "tok_h": 6.0, "tok_i": 5.0, "tok_qkv": 2.0},
-    "prefill/4bit": {"const": 32 * MiB, "tok_h": 4.0, "tok_i": 3.0, "tok_qkv": 2.0, "largest_linear_act": 1.0},
-    # train (per gradient-checkpointing setting)
-    "train/half/gc": {"const": 32 * MiB, "L_tok_h": 1.0, "tok_h": 8.0, "tok_i": 4.0, "tok_qkv": 4.0,
-                      "tok_v": 6.0},
-    "train/half/nogc": {"const": 32 * MiB, "L_tok_h": 8.0, "L_tok_i": 4.0, "L_tok_qkv": 4.0,
-                        "tok_v": 6.0},
-    "train/4bit/gc": {"const": 32 * MiB, "L_tok_h": 1.0, "tok_h": 8.0, "tok_i": 4.0, "tok_qkv": 4.0,
-                      "tok_v": 3.0, "largest_linear_act": 1.0},
-    "train/4bit/nogc": {"const": 32 * MiB, "L_tok_h": 8.0, "L_tok_i": 4.0, "L_tok_qkv": 4.0,
-                        "tok_v": 3.0, "largest_linear_act": 1.0},
+    "weights/fp32": {"tied_emb_src": 0.0001483},
+    "weights/half": {"tied_emb_src": 1.017},
+    "weights/int8": {"largest_linear_src": 1.989},
+    "weights/4bit": {"largest_linear_src": 1.142},
+    "prefill/fp32": {"const": 74880000.0, "tok_h": 5.246, "tok_i": 0.2369, "scores": 2.281},
+    "prefill/half": {"const": 34530000.0, "tok_h": 3.995, "tok_i": 3.001},
+    "prefill/int8": {"const": 75930000.0, "tok_i": 2.167, "tok_qkv": 10.43},
+    "prefill/4bit": {"const": 45280000.0, "tok_h": 4.711, "tok_i": 2.81},
+    "train/half/gc": {"const": 23060000.0, "L_tok_h": 0.2995, "tok_h": 12.08, "tok_v": 6.928},
+    "train/half/nogc": {"const": 1869000.0, "L_tok_h": 21.39, "L_tok_i": 5.233, "L_tok_qkv": 0.7051, "tok_v": 7.185},
+    "train/4bit/gc": {"L_tok_h": 1.708, "tok_v": 6.751, "scores": 2.1},
+    "train/4bit/nogc": {"L_tok_h": 12.72, "L_tok_i": 4.042, "L_tok_qkv": 0.4229, "L_scores": 1.023, "tok_v": 8.13},
 }
 
 
@@ -427,16 +420,41 @@ def _features(shape: ModelShape, precision: str, batch: int, seq: int, act_bytes
         "largest_linear_act": shape.largest_linear * 2,  # a dequantized weight in the compute dtype
         "largest_linear_src": shape.largest_linear * 2,  # the bf16 checkpoint tensor
         "largest_tensor_src": largest_tensor * 2,
-        "mask": batch * seq * seq,
+        # torch's SDPA has no fused fp32 kernel with enable_gqa (flash is half-only, the
+        # memory-efficient kernel refuses GQA), so fp32 GQA attention falls back to the math
+        # kernel and materialises batch x heads x seq x seq scores. MHA in fp32 stays fused.
+        "scores": (batch * shape.heads * seq * seq * act_bytes
+                   if act_bytes == 4 and shape.kv_heads < shape.heads else 0),
+        "tied_emb_src": shape.embedding_params * 2 if shape.tied else 0,
     }
-    for key in ("tok_h", "tok_i", "tok_qkv", "tok_r"):
+    for key in ("tok_h", "tok_i", "tok_qkv", "tok_r", "scores"):
         f["L_" + key] = f[key] * shape.layers
     return f
 
 
-def _transient(key: str, feats: dict[str, float]) -> int:
-    coeffs = CALIBRATION.get(key, {})
+def _transient(key: str, feats: dict[str, float], calibration: dict | None = None) -> int:
+    coeffs = (calibration if calibration is not None and key in calibration else CALIBRATION).get(key, {})
     return int(sum(c * feats.get(name, 0.0) for name, c in coeffs.items()))
+
+
+def calibration_key(q: "Query") -> str:
+    group = precision_group(q.precision)
+    if q.mode == "train":
+        group = "4bit" if group in ("int8", "4bit") else ("fp32" if group == "fp32" else "half")
+        if group == "fp32":
+            group = "half"
+        return f"train/{group}/{'gc' if q.grad_checkpointing else 'nogc'}"
+    if q.mode == "generate":
+        return f"prefill/{group}"
+    return f"{q.mode}/{group}"
+
+
+def features_for(shape: "ModelShape", q: "Query") -> dict[str, float]:
+    """The features the calibration key of `q` multiplies (as estimate() computes them)."""
+    quantized = precision_group(q.precision) in ("int8", "4bit")
+    act = (4 if (quantized or q.precision == "fp32") else 2) if q.mode == "train" else dtype_bytes(q.precision)
+    return _features(shape, q.precision, q.batch, q.seq_len, act, q.lora_r if q.mode == "train" else 0,
+                     len(q.lora_targets) if q.mode == "train" else 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,26 +505,26 @@ def validate(q: Query) -> None:
         raise UsageError(f"new-tokens must be >= 0, got {q.new_tokens!r}")
 
 
-def estimate(shape: ModelShape, q: Query) -> Estimate:
+def estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> Estimate:
+    """Predicted peak for one query. `calibration` overrides CALIBRATION entries (for fitting)."""
     validate(q)
     p, group = q.precision, precision_group(q.precision)
     act = dtype_bytes(p)
-    base = {"weights": 0}
     if q.mode == "train":
-        return _estimate_train(shape, q)
+        return _estimate_train(shape, q, calibration)
     wb = weight_breakdown(shape, p)
     weights = sum(wb.values())
     breakdown: dict[str, Any] = {"weights": weights, "weights_by_kind": wb}
     feats = _features(shape, p, q.batch, q.seq_len, act)
     if q.mode == "weights":
-        load = _transient(f"weights/{group}", feats)
+        load = _transient(f"weights/{group}", feats, calibration)
         breakdown["loading_transient"] = load
         peak = weights + load
         return Estimate(p, q.mode, q.seq_len, q.batch, peak, breakdown, params=shape.total_params,
                         source=shape.source)
     kv_prefill = kv_cache_bytes(shape, p, q.batch, q.seq_len)
     logits = _blocks(q.batch * shape.vocab * act) + _blocks(q.batch * shape.vocab * 4)
-    transient = _transient(f"prefill/{group}", feats)
+    transient = _transient(f"prefill/{group}", feats, calibration)
     prefill_peak = weights + kv_prefill + transient + logits
     breakdown.update(kv_cache=kv_prefill, activations=transient, logits=logits)
     peak = prefill_peak
@@ -515,15 +533,14 @@ def estimate(shape: ModelShape, q: Query) -> Estimate:
         kv_final = kv_cache_bytes(shape, p, q.batch, total)
         one_layer = kv_final // max(shape.layers, 1)  # torch.cat holds old + new of one layer
         dfeats = _features(shape, p, q.batch, 1, act)
-        decode_peak = weights + kv_final + one_layer + _transient(f"prefill/{group}", dfeats) + logits
+        decode_peak = weights + kv_final + one_layer + _transient(f"prefill/{group}", dfeats, calibration) + logits
         breakdown.update(kv_cache=kv_final, decode_peak=decode_peak, prefill_peak=prefill_peak)
         peak = max(prefill_peak, decode_peak)
-    del base
     return Estimate(p, q.mode, q.seq_len, q.batch, int(peak), breakdown, new_tokens=q.new_tokens
                     if q.mode == "generate" else None, params=shape.total_params, source=shape.source)
 
 
-def _estimate_train(shape: ModelShape, q: Query) -> Estimate:
+def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None) -> Estimate:
     p, group = q.precision, precision_group(q.precision)
     quantized = group in ("int8", "4bit")
     wb = weight_breakdown(shape, p, train_prepared=quantized)
@@ -533,12 +550,11 @@ def _estimate_train(shape: ModelShape, q: Query) -> Estimate:
     n_lora_tensors = 2 * sum(g.count for g in shape.linears if g.kind in set(q.lora_targets))
     adapter = 4 * _blocks(4 * n_lora / max(n_lora_tensors, 1)) * n_lora_tensors if n_lora else 0
     # activations: fp32 after prepare_model_for_kbit_training (fp32 norms upcast the stream)
-    act = 4 if (quantized or p == "fp32") else 2
-    feats = _features(shape, p, q.batch, q.seq_len, act, q.lora_r, len(q.lora_targets))
-    key_group = "4bit" if quantized else "half"
-    key = f"train/{key_group}/{'gc' if q.grad_checkpointing else 'nogc'}"
-    transient = _transient(key, feats)
-    loss = int(feats["tok_v"] * CALIBRATION.get(key, {}).get("tok_v", 0.0))
+    feats = features_for(shape, q)
+    key = calibration_key(q)
+    transient = _transient(key, feats, calibration)
+    table = calibration if calibration is not None and key in calibration else CALIBRATION
+    loss = int(feats["tok_v"] * table.get(key, {}).get("tok_v", 0.0))
     breakdown = {"weights": weights, "weights_by_kind": wb, "adapter_grads_optimizer": adapter,
                  "lora_params": n_lora, "activations": transient - loss, "loss_logits": loss}
     peak = weights + adapter + transient
