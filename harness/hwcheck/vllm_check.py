@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 
@@ -35,7 +36,9 @@ def check_vllm_import(python: str | None, timeout: float = 180) -> CheckResult:
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         error = lines[-1] if lines else f"exit {proc.returncode}"
-        if "undefined symbol" in error:
+        if re.search(r"invalid ELF header|file too short|not an ELF", error):
+            fix = "vLLM's native extension is corrupt: reinstall vLLM (pip install --force-reinstall) in its venv"
+        elif "undefined symbol" in error:
             fix = "vLLM's native extension was built for another torch: reinstall vLLM with the torch it pins"
         elif "No module named 'vllm'" in error:
             fix = f"vLLM is not installed in {python}: install it into that venv (see README)"
