@@ -1,0 +1,37 @@
+"""The memory tracker and the budget helpers on a CPU-only machine: they report what they can."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.budget import fits, plan
+from harness.estimate import model_shape
+from harness.errors import UsageError
+from harness.measure import MemoryTracker
+
+
+def test_tracker_on_cpu_reports_host_rss_peak():
+    import numpy as np
+
+    with MemoryTracker("cpu", interval_s=0.002) as t:
+        block = np.ones(64 * 2**20, dtype=np.uint8)  # 64 MiB touched
+        block.sum()
+        import time
+
+        time.sleep(0.05)
+        del block
+    r = t.result
+    assert r.peak_bytes is None and r.nvml_peak_bytes is None  # nothing to read on a CPU
+    assert r.host_rss_peak_bytes >= r.host_rss_start_bytes + 48 * 2**20
+    assert r.seconds > 0
+
+
+def test_fits_accounts_context_and_headroom():
+    gib = 2**30
+    assert fits(5 * gib, 6 * gib, context_bytes=400 * 2**20, headroom=0.05)
+    assert not fits(int(5.5 * gib), 6 * gib, context_bytes=400 * 2**20, headroom=0.05)
+
+
+def test_plan_rejects_budget_below_context():
+    with pytest.raises(UsageError, match="CUDA context"):
+        plan(model_shape("qwen2.5-0.5b"), 100 * 2**20)
