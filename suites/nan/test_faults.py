@@ -32,32 +32,36 @@ def _all_finite(model) -> bool:
 def test_case1_all_padding_labels(lora_model, nan_device, tmp_path, record):
     from transformers import Trainer, TrainingArguments
 
+    def arguments(out):
+        return TrainingArguments(output_dir=str(out), per_device_train_batch_size=2, max_steps=6, learning_rate=1e-3,
+                                 logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
+                                 use_cpu=nan_device == "cpu", logging_nan_inf_filter=True,
+                                 train_sampling_strategy="sequential")
+
+    per_step = arguments(tmp_path / "probe").train_batch_size  # 2 x the GPUs the Trainer uses
+    bad_rows = list(range(4 * per_step, 5 * per_step))  # the whole batch of step 5: padding-only labels
     generator = torch.Generator().manual_seed(1)
     samples = []
-    for i in range(12):
+    for i in range(6 * per_step):
         ids = torch.randint(10, 2000, (16,), generator=generator)
         labels = ids.clone()
-        if i in (8, 9):  # one whole batch (step 5 at batch size 2) of padding-only labels
+        if i in bad_rows:
             labels[:] = nan.IGNORE_INDEX
         samples.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
 
     problems = nan.check_labels(samples)
-    assert [(p.index, p.reason) for p in problems] == [(8, "all labels ignored"), (9, "all labels ignored")]
-    with pytest.raises(nan.BadLabelsError, match="#8"):
+    assert [(p.index, p.reason) for p in problems] == [(i, "all labels ignored") for i in bad_rows]
+    with pytest.raises(nan.BadLabelsError, match=f"#{bad_rows[0]}"):
         nan.require_labels_ok(samples)
 
     model = lora_model("nf4")
-    bad = {k: torch.stack([samples[8][k], samples[9][k]]).to(nan_device) for k in samples[8]}
+    bad = {k: torch.stack([samples[i][k] for i in bad_rows]).to(nan_device) for k in samples[0]}
     where = nan.first_nonfinite(model, bad)
     assert where is not None and where.phase == "loss", where
     assert "no target" in where.note
 
     def trainer(callbacks, out):
-        args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=2, max_steps=6, learning_rate=1e-3,
-                                 logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
-                                 use_cpu=nan_device == "cpu", logging_nan_inf_filter=True,
-                                 train_sampling_strategy="sequential")
-        return Trainer(model=model, args=args, train_dataset=samples, callbacks=callbacks)
+        return Trainer(model=model, args=arguments(out), train_dataset=samples, callbacks=callbacks)
 
     # Unguarded, the Trainer's logging_nan_inf_filter hides the NaN of step 5 in its logs.
     plain = trainer([], tmp_path / "plain")
@@ -73,12 +77,12 @@ def test_case1_all_padding_labels(lora_model, nan_device, tmp_path, record):
     finding = caught.value.finding
     assert (finding.phase, finding.tensor, finding.step) == ("loss", "loss", 5)
     assert (tmp_path / "guard" / "LAST_GOOD").read_text().strip() == "step-000004"
-    record(case=1, phase=finding.phase, step=finding.step, hidden_by_filter=logged[4])
+    record(case=1, phase=finding.phase, step=finding.step, hidden_by_filter=logged[4], samples_flagged=bad_rows)
 
 
 # -- case 2 ---------------------------------------------------------------------------------
 
-def test_case2_divergence_caught_before_weights_turn_nan(lora_model, make_batch, tmp_path, record):
+def test_case2_divergence_caught_before_weights_turn_nan(lora_model, make_batch, nan_device, tmp_path, record):
     batch = make_batch(rows=4, seq=32)
     # LoRA on q/k: a runaway update overflows the attention logits, then everything is NaN.
     model = lora_model("fp32", targets=("q_proj", "k_proj"))
@@ -94,10 +98,13 @@ def test_case2_divergence_caught_before_weights_turn_nan(lora_model, make_batch,
     nan.load_last_good(tmp_path / "guard", model)
     assert _same(saved, _trainable(model))  # the weights left in memory are the last good ones
 
-    # The same run without the guard: its weights do turn non-finite, later.
+    # The same run without the guard runs away: on the CPU its weights turn NaN (attention logits
+    # overflow); a GPU's fused attention may saturate instead, but the weights still blow up.
     model = lora_model("fp32", targets=("q_proj", "k_proj"))
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e4)
-    turned = None
+    weights = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(weights, lr=1e4)
+    start = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(w) for w in weights])))
+    turned, growth = None, 1.0
     for step in range(1, 31):
         model(**batch).loss.backward()
         optimizer.step()
@@ -105,9 +112,13 @@ def test_case2_divergence_caught_before_weights_turn_nan(lora_model, make_batch,
         if not _all_finite(model):
             turned = step
             break
-    assert turned is not None, "the unguarded run did not diverge: the fault was not injected"
-    assert finding.step < turned
-    record(case=2, caught_at_step=finding.step, unguarded_nonfinite_at_step=turned, note=finding.note)
+        growth = max(growth, float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(w) for w in weights]))) / start)
+    assert turned is not None or growth > 10, f"the unguarded run did not diverge (growth {growth:.3g}x)"
+    assert turned is None or finding.step < turned
+    if nan_device == "cpu":
+        assert turned is not None
+    record(case=2, caught_at_step=finding.step, unguarded_nonfinite_at_step=turned, unguarded_weight_growth=growth,
+           note=finding.note)
 
 
 # -- case 3 ---------------------------------------------------------------------------------
