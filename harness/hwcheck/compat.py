@@ -234,7 +234,7 @@ def check_visibility(nvml_gpus: list[tuple[str, str]], torch_names: list[str], c
             if e.isdigit() and int(e) < len(nvml_gpus):
                 expected.append(nvml_gpus[int(e)][0])
             else:
-                match = [n for n, uuid in nvml_gpus if uuid and e.startswith(uuid[:len(e)]) and e.startswith("GPU-")]
+                match = [n for n, uuid in nvml_gpus if uuid and uuid.startswith(e)]  # CUDA takes UUID prefixes
                 if match:
                     expected.append(match[0])
     shown = "unset" if cvd is None else repr(cvd)
