@@ -13,6 +13,7 @@ torch and transformers are imported inside functions so that listing references 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -282,8 +283,9 @@ def torch_dtype(name: str):
     return table[name]
 
 
+@functools.lru_cache(maxsize=None)
 def bitsandbytes_problem() -> str | None:
-    """Why bitsandbytes cannot be used here, or None when it imports."""
+    """Why bitsandbytes cannot be used here, or None when it imports (asked once per process)."""
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:

@@ -156,33 +156,43 @@ def pytest_html_results_summary(prefix, summary, postfix, session):
 # Markers: skip when there is no driver, fail when a driver is there but unusable
 
 
-def pytest_runtest_setup(item):
-    config = item.config
-    settings = config.stash[settings_key]
-    environment = config.stash[env_key]
-    names = {m.name for m in item.iter_markers()}
+def _marker_verdict(names: set[str], settings, environment) -> tuple[str, str] | None:
+    """('skip' | 'fail', reason) for a test with these markers on this machine, or None to run."""
     if names & {"gpu", "multi_gpu"}:
         readiness = env_mod.gpu_readiness(environment)
         if settings.device == "cpu":
-            pytest.skip("--device cpu")
+            return "skip", "--device cpu"
         if readiness.state == "absent":
-            if settings.expect_gpu:
-                pytest.fail(f"--expect-gpu: {readiness.reason}", pytrace=False)
-            pytest.skip(readiness.reason)
+            return ("fail", f"--expect-gpu: {readiness.reason}") if settings.expect_gpu else ("skip", readiness.reason)
         if readiness.state == "broken":
-            pytest.fail(f"GPU present but unusable: {readiness.reason}", pytrace=False)
+            return "fail", f"GPU present but unusable: {readiness.reason}"
         if "multi_gpu" in names and environment.torch.device_count < 2:
-            pytest.skip(f"needs 2 GPUs, torch sees {environment.torch.device_count}")
+            return "skip", f"needs 2 GPUs, torch sees {environment.torch.device_count}"
     if "bnb" in names:
         problem = models.bitsandbytes_problem()
         if problem:
-            pytest.skip(problem)
-    if "vllm" in names and not settings.endpoint:
-        problem = environment.vllm.error
-        if problem:
-            if settings.vllm_python_explicit:
-                pytest.fail(f"--vllm-python: {problem}", pytrace=False)
-            pytest.skip(problem)
+            return "skip", problem
+    if "vllm" in names and not settings.endpoint and environment.vllm.error:
+        if settings.vllm_python_explicit:
+            return "fail", f"--vllm-python: {environment.vllm.error}"
+        return "skip", environment.vllm.error
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skips become markers at collection, so reports name the test's own line, not this file."""
+    settings, environment = config.stash[settings_key], config.stash[env_key]
+    for item in items:
+        verdict = _marker_verdict({m.name for m in item.iter_markers()}, settings, environment)
+        if verdict and verdict[0] == "skip":
+            item.add_marker(pytest.mark.skip(reason=verdict[1]))
+
+
+def pytest_runtest_setup(item):
+    config = item.config
+    verdict = _marker_verdict({m.name for m in item.iter_markers()}, config.stash[settings_key], config.stash[env_key])
+    if verdict and verdict[0] == "fail":
+        pytest.fail(verdict[1], pytrace=False)
 
 
 # ---------------------------------------------------------------------------------------------
