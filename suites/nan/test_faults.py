@@ -103,7 +103,11 @@ def test_case2_divergence_caught_before_weights_turn_nan(lora_model, make_batch,
     model = lora_model("fp32", targets=("q_proj", "k_proj"))
     weights = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(weights, lr=1e4)
-    start = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(w) for w in weights])))
+
+    def norm() -> float:
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(w.detach()) for w in weights])))
+
+    start = norm()
     turned, growth = None, 1.0
     for step in range(1, 31):
         model(**batch).loss.backward()
@@ -112,7 +116,7 @@ def test_case2_divergence_caught_before_weights_turn_nan(lora_model, make_batch,
         if not _all_finite(model):
             turned = step
             break
-        growth = max(growth, float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(w) for w in weights]))) / start)
+        growth = max(growth, norm() / start)
     assert turned is not None or growth > 10, f"the unguarded run did not diverge (growth {growth:.3g}x)"
     assert turned is None or finding.step < turned
     if nan_device == "cpu":
