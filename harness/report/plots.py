@@ -6,6 +6,25 @@ import io
 from typing import Iterable, Sequence
 
 
+def _figure(figsize: tuple[float, float]):
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)  # no display, no GUI toolkit
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=figsize)
+
+
+def _finish(fig, ax, *, title: str, xlabel: str, ylabel: str, legend: bool) -> str:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if legend:
+        ax.legend(fontsize="small")
+    return _svg(fig)
+
+
 def _svg(fig) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight")
@@ -26,23 +45,12 @@ def line_plot(
     markers: bool = True,
 ) -> str:
     """One line per series name -> (xs, ys). Returns an <svg> element as text."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = _figure((6.4, 3.6))
     for name, (xs, ys) in series.items():
         ax.plot(list(xs), list(ys), marker="o" if markers else None, label=name)
     if logx:
         ax.set_xscale("log", base=2)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-    if len(series) > 1:
-        ax.legend(fontsize="small")
-    return _svg(fig)
+    return _finish(fig, ax, title=title, xlabel=xlabel, ylabel=ylabel, legend=len(series) > 1)
 
 
 def scatter_plot(
@@ -54,12 +62,7 @@ def scatter_plot(
     diagonal: bool = False,
 ) -> str:
     """Scatter per group; `diagonal` draws y = x (predicted against measured)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.0, 5.0))
+    fig, ax = _figure((5.0, 5.0))
     lo, hi = float("inf"), float("-inf")
     for name, (xs, ys) in points.items():
         xs, ys = list(xs), list(ys)
@@ -69,25 +72,10 @@ def scatter_plot(
             hi = max(hi, *xs, *ys)
     if diagonal and lo < hi:
         ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle="--")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-    if len(points) > 1:
-        ax.legend(fontsize="small")
-    return _svg(fig)
+    return _finish(fig, ax, title=title, xlabel=xlabel, ylabel=ylabel, legend=len(points) > 1)
 
 
 def histogram(values: Iterable[float], *, title: str, xlabel: str, bins: int = 40) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    fig, ax = _figure((6.4, 3.2))
     ax.hist(list(values), bins=bins)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("count")
-    ax.grid(True, alpha=0.3)
-    return _svg(fig)
+    return _finish(fig, ax, title=title, xlabel=xlabel, ylabel="count", legend=False)
