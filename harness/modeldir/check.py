@@ -339,6 +339,7 @@ def _deep(view: DirView, out: Collector, headers, stored, expected, progress: bo
         if not deep_scan.tensors_equal(view, (head_rel, headers[head_rel], head), (emb_rel, headers[emb_rel], emb)):
             out.add("tied.lm_head_differs", head_rel,
                     f"config ties embeddings but the stored {expected.lm_head_key} differs from {expected.embed_key}: "
-                    "loaders silently use the embedding; set tie_word_embeddings=false if lm_head was trained")
+                    "loaders disagree (transformers 5 keeps the stored lm_head with a warning, loaders that honour the "
+                    "config use the embedding); set tie_word_embeddings=false if lm_head was trained, else drop lm_head")
 
 
