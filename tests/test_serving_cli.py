@@ -174,3 +174,14 @@ def test_a_failing_test_body_still_stops_the_server(tmp_path):
     time.sleep(0.2)
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+def test_bench_poisson_rate_mode(standin, tmp_path):
+    out = tmp_path / "r.json"
+    proc = _cli("bench", "--endpoint", standin.base_url, "--model", "standin", "--request-rate", "50",
+                "--num-prompts", "20", "--input-len", "4", "--output-len", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["request_rate"] == 50 and run["concurrency"] is None and run["requests_ok"] == 20
+    scheduled = sorted(r["scheduled_s"] for r in run["requests"])
+    assert scheduled[0] == 0 and len(set(scheduled)) == 20  # Poisson arrivals, not a burst

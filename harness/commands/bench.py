@@ -44,7 +44,8 @@ def parse_slo(text: str | None):
 def add_arguments(parser) -> None:
     parser.add_argument("--endpoint", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", required=True, help="model name as the server knows it")
-    parser.add_argument("--concurrency", default="1", help="closed-loop concurrency levels, comma list (default 1)")
+    parser.add_argument("--concurrency", default=None,
+                        help="closed-loop concurrency levels, comma list (default 1); with --request-rate, the cap on requests in flight (default none)")
     parser.add_argument("--request-rate", type=float, default=None,
                         help="open loop: Poisson arrivals at this many requests/s (the first --concurrency value caps requests in flight)")
     parser.add_argument("--num-prompts", type=int, required=True, help="requests per run")
@@ -83,7 +84,7 @@ def run(args) -> int:
     cfg = BenchConfig(
         target=Target(base_url=endpoint, model=args.model, api=args.api, timeout_s=args.timeout),
         workload=workload,
-        concurrencies=_int_list(args.concurrency, "--concurrency"),
+        concurrencies=_int_list(args.concurrency, "--concurrency") if args.concurrency else ([] if args.request_rate else [1]),
         request_rate=args.request_rate,
         repeats=args.repeats,
         warmup=max(0, args.warmup),

@@ -32,7 +32,7 @@ class RequestSpec:
     prompt: str
     input_tokens: int  # by the client's tokenizer, special tokens included as the server adds them
     output_tokens: int  # max_tokens = min_tokens
-    seed: int | None = None  # sampling seed: reproducible outputs without greedy decoding
+    seed: int | None = None  # a per-request sampling seed (off by default: see request_body)
 
 
 @dataclass
@@ -104,9 +104,11 @@ def request_body(target: Target, spec: RequestSpec) -> dict:
         "max_tokens": spec.output_tokens,
         "min_tokens": spec.output_tokens,
         "ignore_eos": True,
-        # Seeded sampling, not greedy: greedy decoding of a random test model loops on one token,
-        # and when that token is a special token or half a UTF-8 character the whole stream is
-        # invisible ("no content"). Special tokens are sent as text for the same reason.
+        # Sampling, not greedy: greedy decoding of a random test model loops on one token, and
+        # when that token is a special token or half a UTF-8 character the whole stream is
+        # invisible ("no content"). Special tokens are sent as text for the same reason. No
+        # per-request seed by default: vLLM 0.31.0's CPU build kills its engine when a seeded
+        # request's prefill is chunked ("CPU Generator does not use offset").
         # ignore_eos, min_tokens and skip_special_tokens are vLLM's extensions of the OpenAI API.
         "temperature": 1.0,
         "skip_special_tokens": False,

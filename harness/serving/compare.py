@@ -6,8 +6,10 @@ spread widen the interval. Latency statistics (p50, mean, p99 of per-request TTF
 from the pooled resampled requests; throughputs from the mean over resampled runs. The change is
 candidate / baseline - 1 with a 95% percentile interval over the paired resample ratios.
 
-A metric regresses when its change is worse than its threshold *and* its interval excludes no
-change (so noise alone never fails the gate). Comparing needs at least `min_repeats` runs per
+A metric regresses only when the whole 95% interval lies beyond its threshold: we are confident
+it got worse by more than the threshold. A point estimate beyond the threshold with an interval
+that straddles it is "inconclusive" (too noisy to say; exit 0, shown in the table), so noise alone
+never fails the gate and a real slowdown of a few times always does. Comparing needs at least `min_repeats` runs per
 level on each side, and equal config fingerprints (model, flags, workload, hardware, versions)
 unless a differing field is explicitly allowed (an upgrade rehearsal allows server_version).
 """
@@ -53,7 +55,7 @@ class MetricChange:
     ci_high: float
     threshold: float
     higher_is_worse: bool
-    verdict: str  # regressed | improved | unchanged
+    verdict: str  # regressed | improved | inconclusive | unchanged
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -200,11 +202,13 @@ def compare(
             th = thresholds.get(metric, 0.1)
             worse = change if worse_up else -change
             worse_lo = lo if worse_up else -hi  # the least-bad end of the interval, as worsening
-            better_lo = -hi if worse_up else lo
-            if worse > th and worse_lo > 0:
+            better_lo = -hi if worse_up else lo  # the least-good end, as improvement
+            if worse_lo > th:
                 verdict = "regressed"
-            elif -worse > th and better_lo > 0:
+            elif better_lo > th:
                 verdict = "improved"
+            elif abs(worse) > th:
+                verdict = "inconclusive"
             else:
                 verdict = "unchanged"
             changes.append(MetricChange(lvl, metric, point_b, point_c, change, lo, hi, th, worse_up, verdict))
@@ -239,6 +243,12 @@ def _behaviours(baseline: dict, candidate: dict, base_runs, cand_runs) -> list[s
         disagreements = [f for r in runs for f in r.get("token_accounting", {}).get("findings", [])]
         if disagreements and not any(r.get("token_accounting", {}).get("findings") for r in base_runs.get(lvl, [])):
             notes.append(f"REGRESSION {lvl}: token accounting now disagrees: {disagreements[0]}")
+    for side, runs_by in (("baseline", base_runs), ("candidate", cand_runs)):
+        lagged = [r for runs in runs_by.values() for r in runs if r.get("timing_warnings") or r.get("client_bound")]
+        if lagged:
+            worst = max((r.get("loop_lag_ms") or {}).get("p99") or 0 for r in lagged)
+            notes.append(f"{side}: {len(lagged)} run(s) with client timing warnings (event-loop lag p99 up to "
+                         f"{worst:.0f} ms): the client was starved of CPU; latencies there are less certain")
     names_b = set(baseline.get("environment", {}).get("metric_names") or [])
     names_c = set(candidate.get("environment", {}).get("metric_names") or [])
     if names_b and names_c:

@@ -97,10 +97,9 @@ def build_specs(workload: Workload, tokenizer: PromptTokenizer) -> list[RequestS
     if workload.prefix_len:
         _, prefix_ids = tokenizer.text_of_length(workload.prefix_len + tokenizer._specials, rng)
     specs = []
-    for i in range(workload.num_prompts):
+    for _ in range(workload.num_prompts):
         text, _ = tokenizer.text_of_length(workload.input_len, rng, prefix_ids)
-        specs.append(RequestSpec(prompt=text, input_tokens=workload.input_len, output_tokens=workload.output_len,
-                                 seed=workload.seed * 1_000_003 + i))
+        specs.append(RequestSpec(prompt=text, input_tokens=workload.input_len, output_tokens=workload.output_len))
     return specs
 
 
@@ -111,10 +110,9 @@ def specs_without_tokenizer(workload: Workload) -> list[RequestSpec]:
     words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
     prefix = " ".join(rng.choice(words) for _ in range(workload.prefix_len))
     specs = []
-    for i in range(workload.num_prompts):
+    for _ in range(workload.num_prompts):
         tail = " ".join(rng.choice(words) for _ in range(workload.input_len - workload.prefix_len))
-        specs.append(RequestSpec(prompt=(prefix + " " + tail).strip(), input_tokens=0, output_tokens=workload.output_len,
-                                 seed=workload.seed * 1_000_003 + i))
+        specs.append(RequestSpec(prompt=(prefix + " " + tail).strip(), input_tokens=0, output_tokens=workload.output_len))
     return specs
 
 

@@ -1,0 +1,107 @@
+"""The regression gate on real vLLM: it passes the server against itself, and it catches a real
+slowdown (the same server restarted with --max-num-seqs 1). Last, that slow server is killed in
+the middle of a bench: failed requests and a written report, not a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.serving import compare as cmp
+from harness.serving import results
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def baseline_path(server_pool, gate_results, gate_bench, serving_dir) -> Path:
+    """The new server's gate results (made by the behaviour suite, or here when run alone)."""
+    if "new" not in gate_results:
+        out = serving_dir / "gate-new.json"
+        gate_bench(server_pool.use("new"), out)
+        gate_results["new"] = out
+    return gate_results["new"]
+
+
+def test_gate_passes_vllm_against_itself(baseline_path, server_pool, gate_bench, serving_dir, record):
+    served = server_pool.use("new")
+    again = serving_dir / "gate-new-again.json"
+    gate_bench(served, again)
+    proc = _cli("compare", str(baseline_path), str(again), "--json", str(serving_dir / "gate-self.compare.json"))
+    record(table=proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdicts = {c["metric"]: c["verdict"] for c in json.loads((serving_dir / "gate-self.compare.json").read_text())["changes"]}
+    assert verdicts and "regressed" not in verdicts.values()
+
+
+def test_against_the_given_baseline(settings, baseline_path, serving_dir, record):
+    """--baseline FILE: this run's gate results against a stored bench results file."""
+    if settings.baseline is None:
+        pytest.skip("no --baseline given")
+    proc = _cli("compare", str(settings.baseline), str(baseline_path), "--json", str(serving_dir / "baseline.compare.json"))
+    record(table=proc.stdout, verdict=proc.stderr.strip())
+    assert proc.returncode != 2, f"not comparable: {proc.stderr.strip()}"
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_gate_catches_max_num_seqs_1(baseline_path, server_pool, gate_bench, serving_dir, record):
+    served = server_pool.use("new-max-num-seqs-1")
+    slow = serving_dir / "gate-new-max-num-seqs-1.json"
+    gate_bench(served, slow)
+    # Without leave to differ in flags, the gate refuses: the configs are not the same.
+    refused = _cli("compare", str(baseline_path), str(slow))
+    assert refused.returncode == 2 and "flags" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    proc = _cli("compare", str(baseline_path), str(slow), "--allow-diff", "flags",
+                "--json", str(serving_dir / "gate-slow.compare.json"))
+    record(table=proc.stdout)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "regression:" in proc.stderr and "REGRESSED" in proc.stdout
+    changes = json.loads((serving_dir / "gate-slow.compare.json").read_text())["changes"]
+    regressed = {c["metric"] for c in changes if c["verdict"] == "regressed"}
+    assert "output_throughput" in regressed or "ttft_p50" in regressed, regressed
+    report = serving_dir / "gate.html"
+    assert _cli("report", str(baseline_path), str(slow), "--compare", "--out", str(report)).returncode == 0
+
+
+def test_server_killed_mid_run_gives_failed_requests_and_a_report(server_pool, serving_dir, record):
+    served = server_pool.use("new-max-num-seqs-1")  # one request at a time: a long, killable run
+    out = serving_dir / "killed-mid-run.json"
+    out.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "harness", "bench", "--endpoint", served.base_url, "--model", served.model,
+         "--tokenizer", str(served.tokenizer_dir), "--concurrency", "4", "--num-prompts", "200",
+         "--input-len", "32", "--output-len", "64", "--timeout", "20", "--warmup", "1", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        time.sleep(4.0)
+        assert bench.poll() is None, "the bench ended before the kill: make the workload longer"
+        killed_at = time.monotonic()
+        served.process.kill(grace_s=0)  # SIGTERM then SIGKILL of the whole process group
+        _, stderr = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    ended_after = time.monotonic() - killed_at
+    record(bench_ended_s_after_kill=round(ended_after, 2), stderr_tail=stderr[-300:])
+    assert bench.returncode == 1, stderr
+    assert ended_after < 25
+    data = results.load(out)
+    (run,) = data["runs"]
+    assert run["requests_failed"] > 0 and set(run["errors"]) <= {"connection", "no_done", "timeout"}, run["errors"]
+    assert run["requests_ok"] + run["requests_failed"] == 200
+    assert "requests failed" in stderr.strip().splitlines()[-1]

@@ -1,0 +1,46 @@
+"""Upgrade rehearsal: the gate workload on the old and the new vLLM (each in its own venv, run by
+the behaviour suite), one comparison report saying what changed: figures, behaviours, metric names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.report.bench_html import render
+from harness.serving import compare as cmp
+from harness.serving import results
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def test_upgrade_rehearsal_report(gate_results, server_pool, gate_bench, serving_dir, record):
+    for kind in ("old", "new"):
+        if kind not in gate_results:  # run alone: measure here
+            out = serving_dir / f"gate-{kind}.json"
+            gate_bench(server_pool.use(kind), out)
+            gate_results[kind] = out
+    old, new = results.load(gate_results["old"]), results.load(gate_results["new"])
+    v_old, v_new = old["environment"]["server_version"], new["environment"]["server_version"]
+    assert v_old != v_new, "the rehearsal needs two different vLLM versions"
+    # Anything but the version differing would make this a different experiment: refuse it.
+    with pytest.raises(cmp.RefusedComparison, match="server_version"):
+        cmp.compare(old, new)
+    result = cmp.compare(old, new, allow=("server_version",))
+    table = cmp.format_table(result)
+    out_json = serving_dir / "upgrade.compare.json"
+    results.write_atomic(out_json, result.to_json() | {"old": v_old, "new": v_new})
+    page = render([str(gate_results["old"]), str(gate_results["new"])], [old, new],
+                  comparison=f"vLLM {v_old} (baseline) -> {v_new} (candidate)\n" + table)
+    report = serving_dir / "upgrade.html"
+    report.write_text(page)
+    record(old=v_old, new=v_new, regressed=result.regressed, table=table, behaviours=result.behaviours)
+    for c in result.changes:
+        record.row("Upgrade rehearsal", {"metric": c.metric, v_old: c.baseline, v_new: c.candidate,
+                                         "change %": round(100 * c.change, 1), "verdict": c.verdict})
+    assert {c.metric for c in result.changes} >= {"ttft_p50", "output_throughput"}
+    assert result.allowed_differences["server_version"] == (v_old, v_new)
+    # Both versions must have passed every request: a behaviour change would show as REGRESSION.
+    assert not [b for b in result.behaviours if b.startswith("REGRESSION")], result.behaviours
+    assert "Comparison" in page and v_old in page and v_new in page
