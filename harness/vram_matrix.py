@@ -206,7 +206,8 @@ class Worker:
     def load(self, precision: str, capped: bool):
         from .models import load_model
 
-        return self.measured(lambda: load_model(self.model_dir(), precision, self.device), capped)
+        path = self.model_dir()  # outside the measurement: saving the random checkpoint uses the GPU
+        return self.measured(lambda: load_model(path, precision, self.device), capped)
 
     def load_case(self, precision: str) -> tuple[Any, bool]:
         """Load once; the weights row. Returns (model, loaded_under_budget)."""
