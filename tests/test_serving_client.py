@@ -143,3 +143,23 @@ def test_metrics_and_usage_agree_on_the_standin(standin):
     assert acct["metrics_prompt_tokens"] == acct["usage_input_tokens"] == 30
     assert run["server_metrics"]["ttft_count"] == 6
     assert metrics.PROMPT_TOKENS in data["environment"]["metric_names"]
+
+
+def test_a_blocked_event_loop_is_reported_as_client_bound(standin):
+    async def main():
+        async def hog():  # an overloaded client: the loop is blocked 30 ms out of every 50
+            while True:
+                await asyncio.sleep(0.02)
+                time.sleep(0.03)
+
+        hogging = asyncio.create_task(hog())
+        try:
+            return await run_load(Target(standin.base_url, "standin", timeout_s=10), _specs(30, out=4),
+                                  request_rate=100.0, seed=1)
+        finally:
+            hogging.cancel()
+
+    run = summarize_run(asyncio.run(main()), concurrency=None, request_rate=100.0)
+    assert run["requests_ok"] == 30
+    assert run["client_bound"] and run["schedule_lag_ms"]["p99"] > 10
+    assert run["loop_lag_ms"]["p99"] > 10 and run["timing_warnings"]

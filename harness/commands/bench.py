@@ -54,6 +54,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model when it is a local directory)")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
+    parser.add_argument("--ramp-up", type=float, default=0.0,
+                        help="closed loop: spread the first sends of the slots over this many seconds (default 0: one burst)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request before it counts as timed out (default 120)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per level (compare wants at least 3)")
     parser.add_argument("--warmup", type=int, default=2, help="requests before each run, kept out of the figures (default 2)")
@@ -72,6 +74,8 @@ def run(args) -> int:
         raise UsageError(f"--endpoint: {args.endpoint!r} is not a base URL like http://127.0.0.1:8000")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    if args.ramp_up < 0:
+        raise UsageError("--ramp-up must not be negative")
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
     if args.request_rate is not None and args.request_rate <= 0:
@@ -86,6 +90,7 @@ def run(args) -> int:
         workload=workload,
         concurrencies=_int_list(args.concurrency, "--concurrency") if args.concurrency else ([] if args.request_rate else [1]),
         request_rate=args.request_rate,
+        ramp_up_s=args.ramp_up,
         repeats=args.repeats,
         warmup=max(0, args.warmup),
         slo=parse_slo(args.slo),

@@ -4,16 +4,17 @@ Conventions (design.md): TTFT is send -> first chunk whose text is non-empty (a 
 delta is not a token); a request fails on a non-2xx status, an in-band error frame, a stream that
 ends without ``[DONE]``, a stream with no content, a timeout or a broken connection.
 
-The client measures itself. Every send is dispatched through ``loop.call_at(scheduled)``: the
-delay between the scheduled instant and the moment the loop actually runs the dispatch is the
-*schedule lag* (in closed-loop mode the scheduled instant is when the slot freed up). A probe timer
-also samples how late the loop runs timers during the run (*loop lag*). Large lags mean the
-client, not the server, was the bottleneck, and the results say so.
+The client measures itself. Every request has a scheduled send time (rate mode: its Poisson
+arrival; closed loop: the moment its slot freed up, or its place in the ramp-up). *Schedule lag*
+= actual send time - scheduled send time. A probe timer also samples how late the loop runs
+timers during the run (*loop lag*: chunk timestamps can be late by that much). Large lags mean
+the client, not the server, was the bottleneck, and the results say so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 import time
@@ -41,7 +42,7 @@ class RequestRecord:
 
     index: int
     scheduled_s: float
-    dispatched_s: float = 0.0  # when the loop ran the dispatch: dispatched - scheduled = schedule lag
+    dispatched_s: float = 0.0  # when the loop woke the sender up (timer latency part of the lag)
     sent_s: float = 0.0
     end_s: float = 0.0
     chunk_s: list[float] = field(default_factory=list)  # arrival of each chunk carrying content
@@ -66,7 +67,8 @@ class RequestRecord:
 
     @property
     def schedule_lag_s(self) -> float:
-        return self.dispatched_s - self.scheduled_s
+        """Actual send time - scheduled send time."""
+        return self.sent_s - self.scheduled_s
 
     @property
     def ttft_s(self) -> float | None:
@@ -241,14 +243,17 @@ async def run_load(
     *,
     concurrency: int | None = None,
     request_rate: float | None = None,
+    ramp_up_s: float = 0.0,
     seed: int = 0,
     on_progress: Callable[[int, int], None] | None = None,
     session: aiohttp.ClientSession | None = None,
 ) -> LoadResult:
     """Send every spec: closed loop with `concurrency` slots, or open loop at Poisson `request_rate`.
 
-    In rate mode `concurrency`, when given, caps the requests in flight (a request waiting for a
-    slot counts that wait as schedule lag: the client, not the server, delayed it).
+    Closed loop: a slot sends its next request as soon as its previous one ends; the slots' first
+    requests are all due at 0, or spread evenly over `ramp_up_s` (a burst of hundreds of sends is
+    itself a client artefact). Rate mode: `concurrency`, when given, caps the requests in flight
+    (a request waiting for a slot counts that wait as schedule lag: the client delayed it).
     """
     if not concurrency and not request_rate:
         raise ValueError("give concurrency or request_rate")
@@ -258,18 +263,15 @@ async def run_load(
     records: list[RequestRecord] = []
     lag_samples: list[float] = []
     stop = asyncio.Event()
-    probe = asyncio.create_task(_probe_loop_lag(lag_samples, stop))
+    go = loop.create_future()  # every task is created and parked before the clock starts
+    clock = {"t0": 0.0}
     finished = 0
-    t0 = loop.time()
-    started_wall = time.time()
 
-    async def dispatch_at(when_s: float, index: int) -> RequestRecord:
-        record = RequestRecord(index=index, scheduled_s=when_s)
+    async def due(when_s: float) -> float:
+        t0 = clock["t0"]
         fut = loop.create_future()
         loop.call_at(t0 + when_s, lambda: fut.done() or fut.set_result(loop.time() - t0))
-        record.dispatched_s = await fut
-        records.append(record)
-        return record
+        return await fut
 
     def progress() -> None:
         nonlocal finished
@@ -277,47 +279,62 @@ async def run_load(
         if on_progress:
             on_progress(finished, len(specs))
 
-    try:
-        if request_rate:
-            rng = random.Random(seed)
-            gate = asyncio.Semaphore(concurrency) if concurrency else None
-            arrivals, t = [], 0.0
-            for _ in specs:
-                arrivals.append(t)
-                t += rng.expovariate(request_rate)
+    if request_rate:
+        rng = random.Random(seed)
+        gate = asyncio.Semaphore(concurrency) if concurrency else None
+        arrivals, t = [], 0.0
+        for _ in specs:
+            arrivals.append(t)
+            t += rng.expovariate(request_rate)
 
-            async def one(i: int) -> None:
-                record = RequestRecord(index=i, scheduled_s=arrivals[i])
-                fut = loop.create_future()
-                loop.call_at(t0 + arrivals[i], lambda: fut.done() or fut.set_result(None))
-                await fut
-                if gate is not None:
-                    await gate.acquire()
-                record.dispatched_s = loop.time() - t0
+        async def one(i: int) -> None:
+            await go
+            record = RequestRecord(index=i, scheduled_s=arrivals[i])
+            record.dispatched_s = await due(arrivals[i])
+            records.append(record)
+            if gate is not None:
+                async with gate:
+                    await send_one(session, target, specs[i], record, clock["t0"])
+            else:
+                await send_one(session, target, specs[i], record, clock["t0"])
+            progress()
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(specs))]
+    else:
+        next_index = iter(range(len(specs)))
+        slots = min(concurrency, len(specs))
+
+        async def worker(slot: int) -> None:
+            await go
+            free_at = ramp_up_s * slot / slots
+            for i in next_index:
+                record = RequestRecord(index=i, scheduled_s=free_at)
+                record.dispatched_s = await due(free_at)
                 records.append(record)
-                try:
-                    await send_one(session, target, specs[i], record, t0)
-                finally:
-                    if gate is not None:
-                        gate.release()
+                await send_one(session, target, specs[i], record, clock["t0"])
                 progress()
+                free_at = loop.time() - clock["t0"]
 
-            await asyncio.gather(*(one(i) for i in range(len(specs))))
-        else:
-            next_index = iter(range(len(specs)))
-
-            async def worker() -> None:
-                free_at = 0.0
-                for i in next_index:
-                    record = await dispatch_at(free_at, i)
-                    await send_one(session, target, specs[i], record, t0)
-                    progress()
-                    free_at = loop.time() - t0
-
-            await asyncio.gather(*(worker() for _ in range(min(concurrency, len(specs)))))
+        tasks = [asyncio.ensure_future(worker(k)) for k in range(slots)]
+    await asyncio.sleep(0)  # let every task reach `await go`
+    # A full cyclic-GC pass over hundreds of streams' objects stalls the loop for milliseconds:
+    # collect now, then keep the collector off while the clock runs.
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    clock["t0"] = loop.time()
+    started_wall = time.time()
+    probe = asyncio.create_task(_probe_loop_lag(lag_samples, stop))
+    go.set_result(None)
+    try:
+        await asyncio.gather(*tasks)
     finally:
+        for task in tasks:
+            task.cancel()
         stop.set()
         await probe
+        if gc_was_enabled:
+            gc.enable()
         if own_session:
             await session.close()
     records.sort(key=lambda r: r.index)

@@ -44,7 +44,7 @@ def fingerprint(results: dict) -> dict:
     """The comparable identity of a results file: field -> canonical value."""
     env = results.get("environment", {})
     workload = dict(results.get("workload", {}))
-    for volatile in ("num_prompts", "concurrency", "request_rate", "repeats", "warmup"):
+    for volatile in ("num_prompts", "concurrency", "request_rate", "repeats", "warmup", "timeout_s"):
         workload.pop(volatile, None)  # the set of runs may differ; compare matches runs itself
     mach = env.get("machine", {})
     return {

@@ -25,6 +25,7 @@ class BenchConfig:
     workload: Workload
     concurrencies: list[int] = field(default_factory=lambda: [1])
     request_rate: float | None = None  # Poisson mode (concurrency then caps requests in flight)
+    ramp_up_s: float = 0.0  # closed loop: spread the slots' first sends over this long
     repeats: int = 1
     warmup: int = 2
     slo: SLO | None = None
@@ -82,6 +83,7 @@ def _results_skeleton(cfg: BenchConfig, info: dict, tokenizer: PromptTokenizer |
         "request_rate": cfg.request_rate,
         "repeats": cfg.repeats,
         "warmup": cfg.warmup,
+        "ramp_up_s": cfg.ramp_up_s,
         "timeout_s": cfg.target.timeout_s,
         "api": cfg.target.api,
     }
@@ -154,7 +156,8 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer) -> dict:
 
     try:
         load = await run_load(cfg.target, specs, concurrency=level, request_rate=cfg.request_rate,
-                              seed=cfg.workload.seed + rep, on_progress=progress, session=session)
+                              ramp_up_s=cfg.ramp_up_s, seed=cfg.workload.seed + rep, on_progress=progress,
+                              session=session)
     finally:
         series = await sampler.stop() if sampler else []
     after = await metrics.settled(session, cfg.target.base_url) if before else None

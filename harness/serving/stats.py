@@ -153,8 +153,14 @@ def summarize_run(
     loop_lag = summary(load.loop_lag_s)
     reasons = []
     if (lag["p50"] or 0) > LAG_P50_LIMIT_MS or (lag["p99"] or 0) > LAG_P99_LIMIT_MS:
-        reasons.append(f"schedule lag p50 {lag['p50']:.2f} ms / p99 {lag['p99']:.2f} ms "
-                       f"(limits {LAG_P50_LIMIT_MS:g} / {LAG_P99_LIMIT_MS:g} ms)")
+        reason = (f"schedule lag p50 {lag['p50']:.2f} ms / p99 {lag['p99']:.2f} ms "
+                  f"(limits {LAG_P50_LIMIT_MS:g} / {LAG_P99_LIMIT_MS:g} ms)")
+        first = sorted(records, key=lambda r: r.scheduled_s)[:concurrency or 0]
+        if concurrency and first and all(r.scheduled_s == 0 for r in first) and concurrency >= 16:
+            wave = summary(r.schedule_lag_s for r in first)
+            reason += (f"; the first {concurrency} sends were one burst (their lag p99 {wave['p99']:.1f} ms): "
+                       "--ramp-up spreads them")
+        reasons.append(reason)
     warnings = []
     if (loop_lag["p99"] or 0) > LAG_P99_LIMIT_MS:
         warnings.append(f"event-loop lag p99 {loop_lag['p99']:.1f} ms: chunk timestamps may be late by as much "
