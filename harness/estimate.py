@@ -381,18 +381,18 @@ def lora_params(shape: ModelShape, r: int, targets: Iterable[str]) -> int:
 # Group keys: "fp32", "half" (fp16/bf16), "int8", "4bit" (nf4, fp4, with or without -dq).
 
 CALIBRATION: dict[str, dict[str, float]] = {
-    "weights/fp32": {"tied_emb_src": 0.0001483},
-    "weights/half": {"tied_emb_src": 1.017},
-    "weights/int8": {"largest_linear_src": 1.989},
-    "weights/4bit": {"largest_linear_src": 1.142},
-    "prefill/fp32": {"const": 74880000.0, "tok_h": 5.246, "tok_i": 0.2369, "scores": 2.281},
+    "weights/fp32": {},
+    "weights/half": {"tied_emb_src": 0.0002692, "largest_linear_src": 0.0069},
+    "weights/int8": {"tied_emb_src": 0.002656, "largest_linear_src": 1.715},
+    "weights/4bit": {"largest_linear_src": 1.078},
+    "prefill/fp32": {"const": 37280000.0, "tok_i": 0.06312, "tok_qkv": 5.187, "scores": 2.273},
     "prefill/half": {"const": 34530000.0, "tok_h": 3.995, "tok_i": 3.001},
-    "prefill/int8": {"const": 75930000.0, "tok_i": 2.167, "tok_qkv": 10.43},
-    "prefill/4bit": {"const": 45280000.0, "tok_h": 4.711, "tok_i": 2.81},
+    "prefill/int8": {"const": 35860000.0, "tok_h": 4.712, "tok_i": 4.956},
+    "prefill/4bit": {"const": 44650000.0, "tok_h": 4.65, "tok_i": 2.827},
     "train/half/gc": {"const": 23060000.0, "L_tok_h": 0.2995, "tok_h": 12.08, "tok_v": 6.928},
     "train/half/nogc": {"const": 1869000.0, "L_tok_h": 21.39, "L_tok_i": 5.233, "L_tok_qkv": 0.7051, "tok_v": 7.185},
     "train/4bit/gc": {"L_tok_h": 1.708, "tok_v": 6.751, "scores": 2.1},
-    "train/4bit/nogc": {"L_tok_h": 12.72, "L_tok_i": 4.042, "L_tok_qkv": 0.4229, "L_scores": 1.023, "tok_v": 8.13},
+    "train/4bit/nogc": {"const": 2216000.0, "L_tok_h": 12.78, "L_tok_i": 3.996, "L_tok_qkv": 0.4563, "L_scores": 1.023, "tok_v": 8.163},
 }
 
 

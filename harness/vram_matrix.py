@@ -447,7 +447,7 @@ def load_matrix(paths=None) -> tuple[list[dict], dict]:
 def measured_bytes(row: dict) -> int | None:
     """The figure the estimator predicts: the absolute allocator peak of the operation; for a
     load, the bytes the load added (cuBLAS workspaces of earlier cases are not the model's)."""
-    if not row.get("peak_bytes") or row.get("error"):
+    if not row.get("peak_bytes") or row.get("error") or row.get("invalid"):
         return None
     if row["mode"] == "weights":
         return row["peak_bytes"] - (row.get("start_bytes") or 0)

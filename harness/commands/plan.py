@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default=None, help="comma list (default: all)")
     parser.add_argument("--context-bytes", default=None,
                         help="CUDA context + driver reservation to subtract (default 400MiB)")
-    parser.add_argument("--headroom", type=float, default=None, help="fraction kept free (default 0.05)")
+    parser.add_argument("--headroom", type=float, default=None, help="fraction kept free (default 0.03)")
     parser.add_argument("--new-tokens", type=int, default=128, help="generated tokens counted in the context")
     parser.add_argument("--batch-seq-len", type=int, default=2048, help="sequence length for the batch limit")
     parser.add_argument("--lora-r", type=int, default=16)

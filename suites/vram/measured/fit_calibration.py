@@ -20,6 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from harness import estimate as E  # noqa: E402
+from harness.vram_matrix import load_matrix, measured_bytes, row_query  # noqa: E402
 
 FEATURES = {  # physically meaningful terms only: fewer features generalise to unseen shapes
     "weights": ["tied_emb_src", "largest_linear_src"],
@@ -47,23 +48,12 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def load_rows(paths):
-    rows = []
-    for p in paths:
-        rows += json.loads(Path(p).read_text())["rows"]
-    return [r for r in rows if r.get("peak_bytes") and not r.get("error")]
+    rows, _ = load_matrix(paths)
+    return [r for r in rows if measured(r) is not None]
 
 
-def measured(row) -> int:
-    """What the estimator predicts: the absolute peak; for a load, the bytes the load added."""
-    if row["mode"] == "weights":
-        return row["peak_bytes"] - (row.get("start_bytes") or 0)
-    return row["peak_bytes"]
-
-
-def query(row) -> E.Query:
-    return E.Query(row["precision"], row["mode"], seq_len=max(1, row["seq_len"]), batch=row["batch"],
-                   new_tokens=row.get("new_tokens") or 0, lora_r=row.get("lora_r") or 16,
-                   grad_checkpointing=bool(row.get("grad_checkpointing", True)))
+measured = measured_bytes
+query = row_query
 
 
 def key_of(row) -> str:
