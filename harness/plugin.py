@@ -380,3 +380,20 @@ def model_dir(settings, show_progress, tmp_path_factory) -> Path:
             print(f"[harness] writing random {resolved} weights to {out} ...", flush=True)
             return models.save_random_model(resolved, out, dtype="bf16")
         return resolved
+
+
+@pytest.fixture
+def vram_budget(settings, device):
+    """With --vram-budget on a CUDA device: torch's allocator is capped at budget - CUDA context
+    for the test (a real N-GiB card loses the context before torch gets anything), lifted after.
+    Yields the BudgetState, or None when no budget was asked for or the device is the CPU."""
+    from .budget import apply_budget, release_budget
+
+    if not settings.vram_budget or not str(device).startswith("cuda"):
+        yield None
+        return
+    state = apply_budget(settings.vram_budget, device)
+    try:
+        yield state
+    finally:
+        release_budget(state)
