@@ -121,3 +121,26 @@ def test_4bit_without_bitsandbytes_is_a_clear_error(tiny):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "ERR nf4 needs bitsandbytes: bitsandbytes is not installed" in out.stdout, out.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.bnb
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16", "int8", "nf4", "nf4-dq", "fp4", "fp4-dq"])
+def test_load_every_precision_on_the_gpu(tiny, precision, device):
+    model = models.load_model(tiny, precision, device=device)
+    assert {p.device.type for p in model.parameters()} == {"cuda"}
+    if precision in models.QUANTIZED:
+        import bitsandbytes as bnb
+
+        kind = bnb.nn.Linear8bitLt if precision == "int8" else bnb.nn.Linear4bit
+        assert sum(isinstance(m, kind) for m in model.modules()) == 7 * model.config.num_hidden_layers
+    logits = model(torch.tensor([[1, 2, 3]], device=device)).logits
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.gpu
+def test_reference_architecture_instantiates_on_the_gpu(device):
+    model = models.random_model("qwen2.5-0.5b", device=device, dtype="bf16")
+    assert next(model.parameters()).device.type == "cuda"
+    ids = torch.randint(0, 1000, (1, 16), device=device)
+    assert torch.isfinite(model(ids).logits).all()
