@@ -143,28 +143,39 @@ def test_tiny_model_weights_exact_on_cpu(tiny_model_dir, precision, record):
 @pytest.mark.bnb
 @pytest.mark.parametrize("precision", ["bf16", "nf4-dq", "int8"])
 def test_live_prefill_on_gpu(precision, tmp_path, device, record):
-    """Random weights of a reference architecture, loaded at the precision, one prefill; the
+    """Random weights of a reference architecture, loaded at the precision, prefill 2048; the
     prediction must be within the matrix tolerance of the allocator peak."""
-    from harness.measure import MemoryTracker
-    from harness.models import load_model, save_random_model
+    import gc
 
     import torch
 
+    from harness.measure import MemoryTracker
+    from harness.models import load_model, save_random_model
+
     arch = "qwen2.5-0.5b"
     path = save_random_model(arch, tmp_path / arch, dtype="bf16", device=device)
+    gc.collect()  # the saved model's GPU tensors must be gone before anything is measured
     torch.cuda.empty_cache()
     model = load_model(path, precision, device)
     ids = torch.randint(3, 1000, (1, 2048), device=device)
-    torch.cuda.empty_cache()
-    with MemoryTracker(device) as t:
-        with torch.no_grad():
-            model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    mask = torch.ones_like(ids)
+
+    def prefill():
+        with MemoryTracker(device) as tracker:
+            with torch.no_grad():
+                model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+        return tracker.result
+
+    # The matrix measured each prefill after an earlier forward of the same load; a first call
+    # can add one-off allocations (kernel workspaces): recorded, and held to the same protocol.
+    first = prefill()
+    measured = prefill()
     pred = E.estimate(E.model_shape(arch), E.Query(precision, "prefill", seq_len=2048)).peak_bytes
-    err = (pred - t.result.peak_bytes) / t.result.peak_bytes
-    record(measured=t.result.peak_bytes, predicted=pred, error=err, nvml_rate_hz=t.result.nvml_rate_hz,
-           context_bytes=t.result.context_bytes)
+    err = (pred - measured.peak_bytes) / measured.peak_bytes
+    record(measured=measured.peak_bytes, first_call_peak=first.peak_bytes, predicted=pred, error=err,
+           nvml_rate_hz=measured.nvml_rate_hz, context_bytes=measured.context_bytes)
     assert abs(err) <= WORST_TOLERANCE
-    assert t.result.nvml_rate_hz is None or t.result.nvml_rate_hz >= 100
+    assert measured.nvml_rate_hz is None or measured.nvml_rate_hz >= 100
 
 
 @pytest.mark.gpu
