@@ -55,7 +55,7 @@ class MetricChange:
     ci_high: float
     threshold: float
     higher_is_worse: bool
-    verdict: str  # regressed | improved | inconclusive | unchanged
+    verdict: str  # regressed | improved | inconclusive | worse/better, within threshold | unchanged
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -209,6 +209,10 @@ def compare(
                 verdict = "improved"
             elif abs(worse) > th:
                 verdict = "inconclusive"
+            elif worse_lo > 0:
+                verdict = "worse, within threshold"
+            elif better_lo > 0:
+                verdict = "better, within threshold"
             else:
                 verdict = "unchanged"
             changes.append(MetricChange(lvl, metric, point_b, point_c, change, lo, hi, th, worse_up, verdict))
