@@ -97,12 +97,12 @@ def vllm_part(out: Path, vllm_python: Path, levels=(1, 4, 16), num_prompts=64, i
     flags = ["--max-model-len", "1024", "--max-num-seqs", "64"]
     with launch_vllm(vllm_python, model, flags, log_dir=out / "logs", served_model_name="tiny-qwen2") as server:
         for c in levels:
-            ours = []
-            theirs = None
-            for attempt in ("ours", "theirs", "ours"):
+            ours, theirs_runs = [], []
+            n = max(num_prompts, 16 * c)  # runs of a few seconds: a 1-second run is mostly ramp and tail
+            for attempt in ("ours", "theirs", "ours", "theirs"):
                 if attempt == "ours":
                     cfg = BenchConfig(target=Target(server.base_url, "tiny-qwen2", timeout_s=120),
-                                      workload=Workload(input_len=input_len, output_len=output_len, num_prompts=num_prompts,
+                                      workload=Workload(input_len=input_len, output_len=output_len, num_prompts=n,
                                                         seed=len(ours) + 10 * c),
                                       concurrencies=[c], warmup=2, tokenizer_dir=model, keep_requests=False,
                                       environment=server.environment(), quiet=True)
@@ -110,11 +110,11 @@ def vllm_part(out: Path, vllm_python: Path, levels=(1, 4, 16), num_prompts=64, i
                     write_atomic(out / f"vllm-ours-c{c}-{len(ours)}.json", data)
                     ours.append(data["runs"][0])
                 else:
-                    result_file = out / f"vllm-bench-serve-c{c}.json"
+                    result_file = out / f"vllm-bench-serve-c{c}-{len(theirs_runs)}.json"
                     cmd = [str(vllm_python), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", server.base_url,
                            "--endpoint", "/v1/completions", "--model", "tiny-qwen2", "--tokenizer", str(model),
                            "--dataset-name", "random", "--random-input-len", str(input_len),
-                           "--random-output-len", str(output_len), "--num-prompts", str(num_prompts),
+                           "--random-output-len", str(output_len), "--num-prompts", str(n),
                            "--max-concurrency", str(c), "--ignore-eos", "--num-warmups", "2", "--disable-tqdm",
                            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
                            "--save-result", "--result-dir", str(out), "--result-filename", result_file.name]
@@ -122,7 +122,7 @@ def vllm_part(out: Path, vllm_python: Path, levels=(1, 4, 16), num_prompts=64, i
                     if proc.returncode != 0:
                         say(f"vLLM bench serve failed: {proc.stderr[-800:]}")
                     else:
-                        theirs = json.loads(result_file.read_text())
+                        theirs_runs.append(json.loads(result_file.read_text()))
             for i, run in enumerate(ours):
                 server_mean = run["server_metrics"]["ttft_mean_ms"]
                 client_mean = run["ttft_ms"]["mean"]
@@ -139,21 +139,25 @@ def vllm_part(out: Path, vllm_python: Path, levels=(1, 4, 16), num_prompts=64, i
                     "tokens bar": "pass" if acct["agree"] else "fail",
                     "client-bound": run["client_bound"], "loop lag p99 ms": run["loop_lag_ms"]["p99"],
                 })
-            if theirs:
-                ours_p50 = sum(r["ttft_ms"]["p50"] for r in ours) / len(ours)
-                ours_tput = sum(r["output_throughput"] for r in ours) / len(ours)
+            if theirs_runs:
+                mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+                ours_p50 = mean([r["ttft_ms"]["p50"] for r in ours])
+                ours_tput = mean([r["output_throughput"] for r in ours])
+                their_p50 = mean([t["median_ttft_ms"] for t in theirs_runs])
+                their_tput = mean([t["output_throughput"] for t in theirs_runs])
                 rows_side.append({
-                    "concurrency": c,
+                    "concurrency": c, "requests per run": n,
                     "harness TTFT p50 ms (2 runs)": " / ".join(f"{r['ttft_ms']['p50']:.1f}" for r in ours),
-                    "vllm bench TTFT p50 ms": theirs["median_ttft_ms"],
-                    "TTFT p50 diff %": 100 * (ours_p50 / theirs["median_ttft_ms"] - 1),
+                    "vllm bench TTFT p50 ms (2 runs)": " / ".join(f"{t['median_ttft_ms']:.1f}" for t in theirs_runs),
+                    "TTFT p50 diff % (means)": 100 * (ours_p50 / their_p50 - 1),
                     "harness output tok/s (2 runs)": " / ".join(f"{r['output_throughput']:.0f}" for r in ours),
-                    "vllm bench output tok/s": theirs["output_throughput"],
-                    "throughput diff %": 100 * (ours_tput / theirs["output_throughput"] - 1),
-                    "harness TPOT p50 ms": sum(r["tpot_ms"]["p50"] for r in ours) / len(ours),
-                    "vllm bench TPOT p50 ms": theirs.get("median_tpot_ms"),
-                    "vllm bench completed": theirs.get("completed"),
-                    "vllm bench output tokens": theirs.get("total_output_tokens"),
+                    "vllm bench output tok/s (2 runs)": " / ".join(f"{t['output_throughput']:.0f}" for t in theirs_runs),
+                    "throughput diff % (means)": 100 * (ours_tput / their_tput - 1),
+                    "harness TPOT p50 ms": mean([r["tpot_ms"]["p50"] for r in ours]),
+                    "vllm bench TPOT p50 ms": mean([t["median_tpot_ms"] for t in theirs_runs]),
+                    "vllm bench input tokens / request": theirs_runs[0]["total_input_tokens"] / theirs_runs[0]["completed"],
+                    "vllm bench output tokens": theirs_runs[0].get("total_output_tokens"),
+                    "_ours_p50": ours_p50, "_their_p50": their_p50, "_ours_tput": ours_tput, "_their_tput": their_tput,
                 })
             say(f"vLLM c={c}: {rows_ttft[-1]} | {rows_side[-1] if rows_side else 'no vllm bench'}")
     xs = sorted({r["concurrency"] for r in rows_ttft})
@@ -167,17 +171,18 @@ def vllm_part(out: Path, vllm_python: Path, levels=(1, 4, 16), num_prompts=64, i
     if rows_side:
         sx = [r["concurrency"] for r in rows_side]
         svgs.append(plots.line_plot({
-            "harness TTFT p50": (sx, [float(r["harness TTFT p50 ms (2 runs)"].split(" / ")[0]) for r in rows_side]),
-            "vllm bench serve TTFT p50": (sx, [r["vllm bench TTFT p50 ms"] for r in rows_side])},
+            "harness TTFT p50": (sx, [r["_ours_p50"] for r in rows_side]),
+            "vllm bench serve TTFT p50": (sx, [r["_their_p50"] for r in rows_side])},
             title="TTFT p50: harness against vLLM's benchmark", xlabel="concurrency", ylabel="ms", logx=True))
         svgs.append(plots.line_plot({
-            "harness output tok/s": (sx, [float(r["harness output tok/s (2 runs)"].split(" / ")[0]) for r in rows_side]),
-            "vllm bench serve output tok/s": (sx, [r["vllm bench output tok/s"] for r in rows_side])},
+            "harness output tok/s": (sx, [r["_ours_tput"] for r in rows_side]),
+            "vllm bench serve output tok/s": (sx, [r["_their_tput"] for r in rows_side])},
             title="Output throughput: harness against vLLM's benchmark", xlabel="concurrency", ylabel="tokens/s", logx=True))
     return {"ttft_rows": rows_ttft, "side_rows": rows_side, "svg": svgs, "startup": server.startup.to_json(),
             "setup": f"vLLM {server.startup.version} CPU build, tiny qwen2 (hidden 256, 2 layers), flags {' '.join(flags)}, "
-                     f"{num_prompts} prompts x {input_len} in / {output_len} out per level; order per level: "
-                     f"harness, vllm bench serve, harness"}
+                     f"max({num_prompts}, 16 x concurrency) prompts x {input_len} in / {output_len} out per run; order per "
+                     f"level: harness, vllm bench serve, harness, vllm bench serve; the client shares the server's "
+                     f"session (autogroup) as the launcher arranges"}
 
 
 def main() -> int:
@@ -203,7 +208,8 @@ def main() -> int:
         summary["vllm"] = {k: v for k, v in part.items() if k != "svg"}
         body.append(html.table("vLLM: client TTFT against the server's histogram, tokens three ways (" + part["setup"] + ")",
                                part["ttft_rows"]))
-        body.append(html.table("vLLM: harness against vllm/benchmarks/serve.py, same server and workload", part["side_rows"]))
+        body.append(html.table("vLLM: harness against vllm/benchmarks/serve.py, same server and workload",
+                               [{k: v for k, v in r.items() if not k.startswith("_")} for r in part["side_rows"]]))
         body.append(html.section("vLLM figures", "".join(part["svg"])))
         for i, svg in enumerate(part["svg"]):
             (out / f"vllm-{i}.svg").write_text(svg)
