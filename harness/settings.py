@@ -68,6 +68,17 @@ def _python_in(venv: Path) -> Path | None:
     return python if python.exists() else None
 
 
+def _interpreter(value: str | None, env_var: str, default_venv: Path, flag: str) -> tuple[Path | None, bool]:
+    """(python, given explicitly): the option, else the environment variable, else the default venv's."""
+    explicit = value or os.environ.get(env_var)
+    if not explicit:
+        return _python_in(default_venv), False
+    python = Path(explicit).expanduser()
+    if not python.exists():
+        raise UsageError(f"{flag}: {explicit!r} does not exist")
+    return python, True
+
+
 def _resolve_model(value: str | None) -> str | None:
     if not value:
         return None
@@ -113,21 +124,10 @@ def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
     if hw_level not in HW_LEVELS:
         raise UsageError(f"--hw-level: {hw_level!r} is not one of {', '.join(HW_LEVELS)}")
 
-    explicit = options.get("vllm_python") or os.environ.get("HARNESS_VLLM_PYTHON")
-    if explicit:
-        vllm_python = Path(explicit).expanduser()
-        if not vllm_python.exists():
-            raise UsageError(f"--vllm-python: {explicit!r} does not exist")
-    else:
-        vllm_python = _python_in(root / DEFAULT_VLLM_VENV)
-
-    baseline_python = options.get("baseline_vllm_python") or os.environ.get("HARNESS_BASELINE_VLLM_PYTHON")
-    if baseline_python:
-        baseline_vllm_python = Path(baseline_python).expanduser()
-        if not baseline_vllm_python.exists():
-            raise UsageError(f"--baseline-vllm-python: {baseline_python!r} does not exist")
-    else:
-        baseline_vllm_python = _python_in(root / DEFAULT_BASELINE_VLLM_VENV)
+    vllm_python, explicit = _interpreter(options.get("vllm_python"), "HARNESS_VLLM_PYTHON",
+                                         root / DEFAULT_VLLM_VENV, "--vllm-python")
+    baseline_vllm_python, _ = _interpreter(options.get("baseline_vllm_python"), "HARNESS_BASELINE_VLLM_PYTHON",
+                                           root / DEFAULT_BASELINE_VLLM_VENV, "--baseline-vllm-python")
 
     baseline = options.get("baseline")
     if baseline:
@@ -148,7 +148,7 @@ def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
         expect_gpu=bool(options.get("expect_gpu")),
         report_dir=report_dir,
         vllm_python=vllm_python,
-        vllm_python_explicit=bool(explicit),
+        vllm_python_explicit=explicit,
         baseline_vllm_python=baseline_vllm_python,
         endpoint=_resolve_endpoint(options.get("endpoint")),
         baseline=baseline,
