@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import atomic
 from .errors import UsageError
 
 LAST_GOOD = "LAST_GOOD"
@@ -58,15 +59,6 @@ class GuardConfig:
     save_every: int = 1  # steps between saves of the last good state; 0: only when tripping
     keep: int = 1  # saved states kept on disk
     snapshot: bool = True  # in-memory copy before each step, so a bad update can be undone
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _model_of(model):
@@ -251,7 +243,7 @@ class _GuardCore:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _atomic_write_text(self.save_dir / LAST_GOOD, name + "\n")
+        atomic.write_text(self.save_dir / LAST_GOOD, name + "\n")
         self.saved_step = self.step
         for old in sorted(self.save_dir.glob("step-*"))[:-max(self.config.keep, 1)]:
             if old.name != name:
@@ -267,7 +259,7 @@ class _GuardCore:
         saved = self.save()
         if self.save_dir is not None:
             self.save_dir.mkdir(parents=True, exist_ok=True)
-            _atomic_write_text(self.save_dir / FINDING, json.dumps(finding.to_dict(), indent=2) + "\n")
+            atomic.write_text(self.save_dir / FINDING, json.dumps(finding.to_dict(), indent=2) + "\n")
         print(f"[harness] training guard: stopped at {finding.describe()}"
               + (f"; last good state (step {self.step}) in {saved}" if saved else ""), file=sys.stderr, flush=True)
         raise NonFiniteError(finding, saved)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from . import atomic
 
 INFER_PRECISIONS = ("bf16", "nf4-dq", "nf4", "fp4", "int8", "fp32")
 PREFILL_LENS = (512, 2048, 8192)
@@ -40,9 +41,7 @@ def log(msg: str) -> None:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    atomic.write_json(path, data)
 
 
 def case_id(row: dict) -> str:

@@ -3,31 +3,19 @@ interrupted or killed half way still leaves valid partial results on disk."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import atomic
+
 SCHEMA_VERSION = 1
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to a temp file in the same directory, then rename over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, default=_jsonable, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.write_json(path, data, default=_jsonable, allow_nan=False)
 
 
 def _jsonable(value: Any) -> Any:
