@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import time
 
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path

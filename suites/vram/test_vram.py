@@ -8,7 +8,6 @@ this card, and the budget emulation itself.
 
 from __future__ import annotations
 
-import statistics
 
 import pytest
 
