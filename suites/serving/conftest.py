@@ -10,6 +10,8 @@ With --endpoint the suite targets that server as "new" and skips what needs a re
 from __future__ import annotations
 
 import contextlib
+import json
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,7 @@ class Served:
     model: str
     tokenizer_dir: Path | None
     process: ServerProcess | None = None
+    max_model_len: int = MAX_MODEL_LEN
 
     def target(self, timeout_s: float = 60.0) -> Target:
         return Target(self.base_url, self.model, timeout_s=timeout_s)
@@ -49,6 +52,16 @@ class Served:
     def environment(self) -> dict:
         env = self.process.environment() if self.process else {}
         return env | {"model_id": self.model, "server_kind": self.kind}
+
+
+def _served_model(endpoint: str) -> tuple[str, int]:
+    """The first model a server lists on /v1/models, and its max_model_len (vLLM lists it)."""
+    try:
+        with urllib.request.urlopen(endpoint + "/v1/models", timeout=10) as resp:
+            entry = json.load(resp)["data"][0]
+            return entry["id"], int(entry.get("max_model_len") or MAX_MODEL_LEN)
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        pytest.fail(f"{endpoint}: cannot list its models ({exc})", pytrace=False)
 
 
 class ServerPool:
@@ -62,8 +75,10 @@ class ServerPool:
         if self.settings.endpoint:
             if kind != "new":
                 pytest.skip(f"--endpoint given: cannot start the {kind!r} server")
-            return Served("new", self.settings.endpoint, self.settings.model or str(self.model_dir),
-                          self.model_dir if (self.model_dir / "tokenizer.json").is_file() else None)
+            name, max_len = _served_model(self.settings.endpoint)
+            return Served("new", self.settings.endpoint, name,
+                          self.model_dir if (self.model_dir / "tokenizer.json").is_file() else None,
+                          max_model_len=max_len)
         if self._current is not None and self._current.kind == kind:
             if self._current.process.alive():
                 return self._current
@@ -108,11 +123,6 @@ def server_pool(settings, serving_model_dir, serving_dir, show_progress):
 def gate_results(serving_dir):
     """kind -> path of the gate workload's results (3 repeats), filled by the tests that run them."""
     return {}
-
-
-@pytest.fixture(scope="session")
-def max_model_len() -> int:
-    return MAX_MODEL_LEN
 
 
 @pytest.fixture(scope="session")
