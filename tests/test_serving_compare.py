@@ -3,7 +3,6 @@ is known; the stats it rests on; the CLI's exit codes."""
 
 from __future__ import annotations
 
-import json
 import random
 import subprocess
 import sys

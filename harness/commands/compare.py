@@ -6,7 +6,6 @@ Exit 0: nothing regressed; 1: a table naming what regressed; 2: the two cannot b
 
 from __future__ import annotations
 
-import json
 import sys
 
 from ..errors import CheckFailed, UsageError

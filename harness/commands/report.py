@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from ..errors import UsageError
@@ -38,11 +36,8 @@ def run(args) -> int:
         except UsageError as exc:
             comparison = f"not compared: {exc}"
     page = render(list(args.results), datas, comparison)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(page)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out)
+    from ..atomic import write_text
+
+    write_text(out, page)
     print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 from pathlib import Path
 
 from ..errors import UsageError
@@ -62,21 +61,10 @@ def fingerprint_hash(fp: dict) -> str:
 
 
 def write_atomic(path: Path, data: dict) -> None:
-    """Temp file in the same directory, then os.replace: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1, default=str)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Temp file, fsync, rename (harness.atomic): a reader never sees half a file."""
+    from ..atomic import write_json
+
+    write_json(path, data, default=str)
 
 
 def load(path: str | Path) -> dict:

@@ -155,10 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from aiohttp import web
 
-    try:
-        import uvloop  # noqa: F401  (not required; the server is fast enough without it)
-    except ImportError:
-        pass
     web.run_app(make_app(args.ttft_ms / 1000, args.token_interval_ms / 1000), host="127.0.0.1", port=args.port,
                 print=None, backlog=4096, access_log=None)
     return 0

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.serving import compare as cmp
 from harness.serving import results
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

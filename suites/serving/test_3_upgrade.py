@@ -3,11 +3,10 @@ the behaviour suite), one comparison report saying what changed: figures, behavi
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 
+from harness.atomic import write_text
 from harness.report.bench_html import render
 from harness.serving import compare as cmp
 from harness.serving import results
@@ -34,7 +33,7 @@ def test_upgrade_rehearsal_report(gate_results, server_pool, gate_bench, serving
     page = render([str(gate_results["old"]), str(gate_results["new"])], [old, new],
                   comparison=f"vLLM {v_old} (baseline) -> {v_new} (candidate)\n" + table)
     report = serving_dir / "upgrade.html"
-    report.write_text(page)
+    write_text(report, page)
     record(old=v_old, new=v_new, regressed=result.regressed, table=table, behaviours=result.behaviours)
     for c in result.changes:
         record.row("Upgrade rehearsal", {"metric": c.metric, v_old: c.baseline, v_new: c.candidate,

@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from harness.atomic import write_text  # noqa: E402
 from harness.report import html, plots  # noqa: E402
 from harness.serving.client import Target, run_load  # noqa: E402
 from harness.serving.results import write_atomic  # noqa: E402
@@ -215,7 +216,7 @@ def main() -> int:
             (out / f"vllm-{i}.svg").write_text(svg)
     summary["machine_load_at_end"] = _loadavg()
     write_atomic(out / "must_show.json", summary)
-    (out / "must_show.html").write_text(html.page("Serving: must-show benchmarks", "".join(body)))
+    write_text(out / "must_show.html", html.page("Serving: must-show benchmarks", "".join(body)))
     say(f"wrote {out / 'must_show.html'} and {out / 'must_show.json'}")
     return 0
 
