@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -104,3 +105,42 @@ def test_server_killed_mid_run_gives_failed_requests_and_a_report(server_pool, s
     assert run["requests_failed"] > 0 and set(run["errors"]) <= {"connection", "no_done", "timeout"}, run["errors"]
     assert run["requests_ok"] + run["requests_failed"] == 200
     assert "requests failed" in stderr.strip().splitlines()[-1]
+
+
+def test_engine_crash_mid_stream_is_never_counted_as_success(server_pool, serving_model_dir, record):
+    """Seeded sampling in a burst whose prefills get chunked kills the CPU build's engine (0.31.0
+    and 0.32.0: "CPU Generator does not use offset"). The streams are HTTP 200 and end in an
+    in-band error frame: each must count as a failure, and /health must agree with a real request.
+    Should a version survive it, every request must then be a full success."""
+    import asyncio
+    import urllib.error
+    import urllib.request
+    from collections import Counter
+
+    from harness.serving.client import RequestSpec, run_load
+    from harness.serving.workload import PromptTokenizer, Workload, build_specs
+
+    served = server_pool.use("new")
+    tokenizer = PromptTokenizer(serving_model_dir)
+    specs = build_specs(Workload(input_len=256, output_len=32, num_prompts=48, seed=11), tokenizer)
+    for i, spec in enumerate(specs):
+        spec.seed = i
+    load = asyncio.run(run_load(served.target(60), specs, concurrency=48))
+    errors = Counter(r.error for r in load.records)
+    for r in load.records:
+        if r.ok:
+            assert r.completion_tokens == 32 and r.chunk_s, r
+        else:
+            assert r.error in ("error_frame", "http_500", "connection", "no_done"), (r.error, r.error_detail)
+    try:
+        with urllib.request.urlopen(served.base_url + "/health", timeout=10) as resp:
+            health = resp.status
+    except urllib.error.HTTPError as exc:
+        health = exc.code
+    (probe,) = asyncio.run(run_load(served.target(30), [RequestSpec(specs[0].prompt, 256, 1)], concurrency=1)).records
+    cause = sorted(set(re.findall(r"RuntimeError: [^\n]{0,80}", served.process.log_text()))) if served.process else []
+    record(errors=dict(errors), health=health, probe=probe.error or "ok", cause=cause[:2])
+    record.row("Engine faults", {"server": served.kind, "seeded burst": dict(errors), "/health after": health,
+                                 "real request after": probe.error or "ok", "log": "; ".join(cause[:1])})
+    assert (health == 200) == probe.answered, f"/health says {health} but a real request got {probe.error}"
+    server_pool.stop()  # a dead engine is no use to anyone after this
