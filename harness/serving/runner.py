@@ -104,6 +104,11 @@ def _results_skeleton(cfg: BenchConfig, info: dict, tokenizer: PromptTokenizer |
 async def run_bench_async(cfg: BenchConfig) -> dict:
     tokenizer = PromptTokenizer(cfg.tokenizer_dir) if cfg.tokenizer_dir else None
     specs = build_specs(cfg.workload, tokenizer) if tokenizer else specs_without_tokenizer(cfg.workload)
+    if cfg.target.api == "chat":
+        # The server wraps the prompt in the model's chat template: its usage counts tokens the
+        # client's tokenizer never saw, so input tokens are compared through usage and /metrics only.
+        for spec in specs:
+            spec.input_tokens = 0
     warm_specs = _warmup_specs(cfg.workload, tokenizer, cfg.warmup)
     session = make_session()
     try:
@@ -171,7 +176,9 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer) -> dict:
 
 def _run_line(run: dict) -> str:
     ttft = run["ttft_ms"]["p50"]
-    text = (f"concurrency {run['concurrency']} repeat {run['repeat'] + 1}: {run['requests_ok']} ok, "
+    level = (f"rate {run['request_rate']:g}/s" + (f" (cap {run['concurrency']})" if run['concurrency'] else "")
+             if run.get("request_rate") else f"concurrency {run['concurrency']}")
+    text = (f"{level} repeat {run['repeat'] + 1}: {run['requests_ok']} ok, "
             f"{run['requests_failed']} failed {run['errors'] or ''}, TTFT p50 "
             f"{'-' if ttft is None else f'{ttft:.1f} ms'}, {run['output_throughput']:.1f} output tok/s")
     if run["client_bound"]:
