@@ -185,3 +185,25 @@ def test_bench_poisson_rate_mode(standin, tmp_path):
     assert run["request_rate"] == 50 and run["concurrency"] is None and run["requests_ok"] == 20
     scheduled = sorted(r["scheduled_s"] for r in run["requests"])
     assert scheduled[0] == 0 and len(set(scheduled)) == 20  # Poisson arrivals, not a burst
+
+
+def test_ctrl_c_leaves_the_finished_requests_on_disk(tmp_path):
+    import signal
+
+    out = tmp_path / "r.json"
+    with run_standin(ttft_ms=5, token_interval_ms=40, log_dir=tmp_path) as server:
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "bench", "--endpoint", server.base_url, "--model",
+                                 "standin", "--concurrency", "2", "--num-prompts", "40", "--input-len", "4",
+                                 "--output-len", "10", "--warmup", "0", "--out", str(out)],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3.0)  # ~0.4 s per request, two at a time: a few finished, two in flight
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    data = json.loads(out.read_text())
+    (run,) = data["runs"]
+    assert data["interrupted"] is True and data["complete"] is False and run["interrupted"] is True
+    assert 2 <= run["requests_ok"] < 40 and run["requests_not_sent"] > 0
+    assert run["requests_cut_off"] == 2 and run["requests_failed"] == 0  # the two in flight are not failures
+    assert run["requests_ok"] + run["requests_cut_off"] + run["requests_not_sent"] == 40

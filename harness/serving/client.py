@@ -202,6 +202,9 @@ async def send_one(
                             record.completion_tokens = usage.get("completion_tokens")
                     if done:
                         break
+    except asyncio.CancelledError:
+        record.error, record.error_detail = "interrupted", "the client was stopped while this request ran"
+        raise
     except TimeoutError:
         record.error, record.error_detail = "timeout", f"no complete answer within {target.timeout_s:g} s"
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
@@ -247,6 +250,7 @@ async def run_load(
     seed: int = 0,
     on_progress: Callable[[int, int], None] | None = None,
     session: aiohttp.ClientSession | None = None,
+    records: list[RequestRecord] | None = None,
 ) -> LoadResult:
     """Send every spec: closed loop with `concurrency` slots, or open loop at Poisson `request_rate`.
 
@@ -254,13 +258,14 @@ async def run_load(
     requests are all due at 0, or spread evenly over `ramp_up_s` (a burst of hundreds of sends is
     itself a client artefact). Rate mode: `concurrency`, when given, caps the requests in flight
     (a request waiting for a slot counts that wait as schedule lag: the client delayed it).
+    `records`, when given, is filled as requests start, so an interrupted caller keeps them.
     """
     if not concurrency and not request_rate:
         raise ValueError("give concurrency or request_rate")
     own_session = session is None
     session = session or make_session()
     loop = asyncio.get_running_loop()
-    records: list[RequestRecord] = []
+    records = records if records is not None else []
     lag_samples: list[float] = []
     stop = asyncio.Event()
     go = loop.create_future()  # every task is created and parked before the clock starts

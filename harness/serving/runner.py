@@ -14,9 +14,17 @@ import aiohttp
 from .. import __version__
 from ..errors import CheckFailed
 from . import metrics, results
-from .client import RequestSpec, Target, make_session, run_load
+from .client import LoadResult, RequestSpec, Target, make_session, run_load
 from .stats import SLO, summarize_run
 from .workload import PromptTokenizer, Workload, build_specs, specs_without_tokenizer
+
+
+class Interrupted(Exception):
+    """Carries the partial run of an interrupted bench up to where it is written."""
+
+    def __init__(self, run: dict):
+        super().__init__("interrupted")
+        self.run = run
 
 
 @dataclass
@@ -123,7 +131,14 @@ async def run_bench_async(cfg: BenchConfig) -> dict:
             for rep in range(cfg.repeats):
                 if warm_specs:
                     await run_load(cfg.target, warm_specs, concurrency=min(len(warm_specs), level or 1), session=session)
-                run = await _one_run(cfg, session, specs, level, rep, tokenizer)
+                try:
+                    run = await _one_run(cfg, session, specs, level, rep, tokenizer)
+                except Interrupted as stop:
+                    data["runs"].append(stop.run)
+                    data["interrupted"] = True
+                    if cfg.out:
+                        results.write_atomic(cfg.out, data)
+                    raise asyncio.CancelledError from None
                 data["runs"].append(run)
                 if cfg.out:
                     results.write_atomic(cfg.out, data)
@@ -159,10 +174,21 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer) -> dict:
             last[0] = now
             _say(cfg, f"  {label} repeat {rep + 1}/{cfg.repeats}: {done}/{total} requests, {now - started:.0f} s")
 
+    records: list = []
     try:
         load = await run_load(cfg.target, specs, concurrency=level, request_rate=cfg.request_rate,
                               ramp_up_s=cfg.ramp_up_s, seed=cfg.workload.seed + rep, on_progress=progress,
-                              session=session)
+                              session=session, records=records)
+    except asyncio.CancelledError:
+        # Ctrl-C: keep what finished, say how many were cut off, let the caller write it.
+        done = [r for r in records if r.end_s > 0 and r.error != "interrupted"]
+        cut = len(records) - len(done)
+        partial = LoadResult(records=done, loop_lag_s=[], started_wall=time.time(),
+                             duration_s=(max(r.end_s for r in done) - min(r.sent_s for r in done)) if done else 0.0)
+        run = summarize_run(partial, concurrency=level, request_rate=cfg.request_rate, slo=cfg.slo,
+                            keep_requests=cfg.keep_requests, repeat=rep)
+        run.update(interrupted=True, requests_cut_off=cut, requests_not_sent=len(specs) - len(records))
+        raise Interrupted(run) from None
     finally:
         series = await sampler.stop() if sampler else []
     after = await metrics.settled(session, cfg.target.base_url) if before else None
