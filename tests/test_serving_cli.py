@@ -195,7 +195,9 @@ def test_ctrl_c_leaves_the_finished_requests_on_disk(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "harness", "bench", "--endpoint", server.base_url, "--model",
                                  "standin", "--concurrency", "2", "--num-prompts", "40", "--input-len", "4",
                                  "--output-len", "10", "--warmup", "0", "--out", str(out)],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                # a shell's background job ignores SIGINT, and children inherit that
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(3.0)  # ~0.4 s per request, two at a time: a few finished, two in flight
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
