@@ -209,3 +209,32 @@ def test_ctrl_c_leaves_the_finished_requests_on_disk(tmp_path):
     assert 2 <= run["requests_ok"] < 40 and run["requests_not_sent"] > 0
     assert run["requests_cut_off"] == 2 and run["requests_failed"] == 0  # the two in flight are not failures
     assert run["requests_ok"] + run["requests_cut_off"] + run["requests_not_sent"] == 40
+
+
+def test_a_harness_killed_outright_takes_its_server_with_it(tmp_path):
+    # SIGKILL (or the OOM killer) runs no teardown and no atexit: the server must still go.
+    pidfile = tmp_path / "server.pid"
+    harness = subprocess.Popen([sys.executable, "-c", (
+        "import time\n"
+        "from harness.serving.standin import run_standin\n"
+        f"with run_standin(log_dir={str(tmp_path)!r}) as server:\n"
+        f"    open({str(pidfile)!r}, 'w').write(str(server.pid))\n"
+        "    time.sleep(600)\n")])
+    try:
+        for _ in range(600):
+            if pidfile.exists() and pidfile.read_text():
+                break
+            time.sleep(0.1)
+        server_pid = int(pidfile.read_text())
+        harness.kill()
+        harness.wait(timeout=30)
+        for _ in range(100):
+            try:
+                os.kill(server_pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        os.kill(server_pid, 9)
+        pytest.fail(f"server {server_pid} outlived the harness process that started it")
+    finally:
+        harness.kill()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -140,6 +142,20 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     _LIVE_GROUPS.discard(pgid)
 
 
+def _can_die_with_parent() -> bool:
+    # PR_SET_PDEATHSIG fires when the *thread* that forked exits: only safe from the main thread.
+    return sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the harness dies, even by SIGKILL or the
+    OOM killer, where neither the fixture's teardown nor atexit gets to run."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 @atexit.register
 def _kill_leftovers() -> None:
     for pgid in list(_LIVE_GROUPS):
@@ -177,7 +193,8 @@ def start_process(
         # stalls 100-250 ms at a time while the server's group runs (measured with an independent
         # probe on a 2-core VM), which corrupts every client-side timestamp.
         proc = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **(env or {})}, process_group=0)
+                                env={**os.environ, **(env or {})}, process_group=0,
+                                preexec_fn=_die_with_parent if _can_die_with_parent() else None)
     _LIVE_GROUPS.add(proc.pid)
     server = ServerProcess(base_url=base_url, port=port, pid=proc.pid, log_path=log_path, command=list(command), _proc=proc)
     try:
