@@ -9,15 +9,13 @@ every run leave a self-contained HTML report and a JSON results file under repor
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from . import atomic
 from . import env as env_mod
 from . import models
 from . import settings as settings_mod
@@ -71,6 +69,8 @@ def pytest_addoption(parser):
 
 def _suite_name(config) -> str:
     """'hw' for `pytest suites/hw`, 'tests' for `pytest tests`, 'all' for several."""
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:  # plain `pytest`: everything
+        return "all"
     root = config.rootpath
     names = set()
     for arg in config.args or ["."]:
@@ -272,10 +272,7 @@ def pytest_unconfigure(config):
     html_path = getattr(config.option, "htmlpath", None)
     for source, name in ((html_path, "latest.html"), (config.stash[results_key].path, "latest.json")):
         if source and Path(source).is_file():
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=report_dir)
-            os.close(fd)
-            shutil.copyfile(source, tmp)
-            os.replace(tmp, report_dir / name)
+            atomic.write_text(report_dir / name, Path(source).read_text(encoding="utf-8"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -101,6 +101,17 @@ def test_vllm_marker_fails_when_the_given_interpreter_has_no_vllm(pytester):
         @pytest.mark.vllm
         def test_serve(): pass
     """)
-    result = run(pytester, "--vllm-python", sys.executable)
+    result = run(pytester, f"--vllm-python={sys.executable}")  # one token: a bare path would move the rootdir
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*vLLM is not installed in*"])
+
+
+def test_a_plain_run_over_testpaths_is_named_all(pytester):
+    pytester.makeini("[pytest]\ntestpaths = suites tests\n")
+    for folder in ("suites/hw", "tests"):
+        (pytester.path / folder).mkdir(parents=True)
+        (pytester.path / folder / "test_one.py").write_text("def test_one(): pass\n")
+    result = run(pytester)
+    result.assert_outcomes(passed=2)
+    names = [p.name for p in (pytester.path / "reports").iterdir()]
+    assert any(n.startswith("all-") and n.endswith(".json") for n in names), names
