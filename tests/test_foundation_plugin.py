@@ -108,9 +108,9 @@ def test_vllm_marker_fails_when_the_given_interpreter_has_no_vllm(pytester):
 
 def test_a_plain_run_over_testpaths_is_named_all(pytester):
     pytester.makeini("[pytest]\ntestpaths = suites tests\n")
-    for folder in ("suites/hw", "tests"):
+    for folder, name in (("suites/hw", "test_hw.py"), ("tests", "test_own.py")):
         (pytester.path / folder).mkdir(parents=True)
-        (pytester.path / folder / "test_one.py").write_text("def test_one(): pass\n")
+        (pytester.path / folder / name).write_text("def test_one(): pass\n")
     result = run(pytester)
     result.assert_outcomes(passed=2)
     names = [p.name for p in (pytester.path / "reports").iterdir()]
