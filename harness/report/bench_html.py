@@ -30,27 +30,20 @@ def _by_concurrency(data: dict) -> dict:
 
 
 def _timeline_svg(run: dict, title: str, limit: int = 200) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     keys = ("scheduled_s", "dispatched_s", "sent_s", "end_s")
     reqs = [r for r in (run.get("requests") or []) if all(k in r for k in keys)][:limit]
     if not reqs:
         return ""
-    fig, ax = plt.subplots(figsize=(7.0, max(2.0, min(8.0, 0.04 * len(reqs) + 1.5))))
+    fig, ax = plots.new_figure((7.0, max(2.0, min(8.0, 0.04 * len(reqs) + 1.5))))
     for i, r in enumerate(reqs):
         first = r["sent_s"] + r["ttft_ms"] / 1000 if r.get("ttft_ms") is not None else r["end_s"]
         if r["dispatched_s"] > r["scheduled_s"]:
             ax.plot([r["scheduled_s"], r["sent_s"]], [i, i], color="#d4a72c", linewidth=2)
         ax.plot([r["sent_s"], first], [i, i], color="#cf222e" if r.get("error") else "#8250df", linewidth=2)
         ax.plot([first, r["end_s"]], [i, i], color="#cf222e" if r.get("error") else "#2da44e", linewidth=2)
-    ax.set_title(title)
-    ax.set_xlabel("seconds since run start (yellow: schedule lag, purple: waiting for first token, green: streaming, red: failed)")
-    ax.set_ylabel("request")
-    ax.grid(True, alpha=0.3)
-    return plots._svg(fig)
+    return plots.finish(fig, ax, title=title, ylabel="request", legend=False,
+                        xlabel="seconds since run start (yellow: schedule lag, purple: waiting for first token, "
+                               "green: streaming, red: failed)")
 
 
 def render(paths: list[str], datas: list[dict], comparison: str | None = None) -> str:

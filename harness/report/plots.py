@@ -6,7 +6,8 @@ import io
 from typing import Iterable, Sequence
 
 
-def _figure(figsize: tuple[float, float]):
+def new_figure(figsize: tuple[float, float]):
+    """(fig, ax) on the Agg backend; hand them to finish() for titled, gridded SVG."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)  # no display, no GUI toolkit
@@ -15,7 +16,7 @@ def _figure(figsize: tuple[float, float]):
     return plt.subplots(figsize=figsize)
 
 
-def _finish(fig, ax, *, title: str, xlabel: str, ylabel: str, legend: bool) -> str:
+def finish(fig, ax, *, title: str, xlabel: str, ylabel: str, legend: bool) -> str:
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -45,12 +46,12 @@ def line_plot(
     markers: bool = True,
 ) -> str:
     """One line per series name -> (xs, ys). Returns an <svg> element as text."""
-    fig, ax = _figure((6.4, 3.6))
+    fig, ax = new_figure((6.4, 3.6))
     for name, (xs, ys) in series.items():
         ax.plot(list(xs), list(ys), marker="o" if markers else None, label=name)
     if logx:
         ax.set_xscale("log", base=2)
-    return _finish(fig, ax, title=title, xlabel=xlabel, ylabel=ylabel, legend=len(series) > 1)
+    return finish(fig, ax, title=title, xlabel=xlabel, ylabel=ylabel, legend=len(series) > 1)
 
 
 def scatter_plot(
@@ -62,7 +63,7 @@ def scatter_plot(
     diagonal: bool = False,
 ) -> str:
     """Scatter per group; `diagonal` draws y = x (predicted against measured)."""
-    fig, ax = _figure((5.0, 5.0))
+    fig, ax = new_figure((5.0, 5.0))
     lo, hi = float("inf"), float("-inf")
     for name, (xs, ys) in points.items():
         xs, ys = list(xs), list(ys)
@@ -72,10 +73,10 @@ def scatter_plot(
             hi = max(hi, *xs, *ys)
     if diagonal and lo < hi:
         ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle="--")
-    return _finish(fig, ax, title=title, xlabel=xlabel, ylabel=ylabel, legend=len(points) > 1)
+    return finish(fig, ax, title=title, xlabel=xlabel, ylabel=ylabel, legend=len(points) > 1)
 
 
 def histogram(values: Iterable[float], *, title: str, xlabel: str, bins: int = 40) -> str:
-    fig, ax = _figure((6.4, 3.2))
+    fig, ax = new_figure((6.4, 3.2))
     ax.hist(list(values), bins=bins)
-    return _finish(fig, ax, title=title, xlabel=xlabel, ylabel="count", legend=False)
+    return finish(fig, ax, title=title, xlabel=xlabel, ylabel="count", legend=False)
