@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -147,18 +146,42 @@ def shape_from_config(config: dict) -> ModelShape:
     )
 
 
-def _read_safetensors_header(path: Path) -> dict:
-    with open(path, "rb") as fh:
-        raw = fh.read(8)
-        if len(raw) != 8:
-            raise UsageError(f"{path.name}: not a safetensors file (shorter than 8 bytes)")
-        (length,) = struct.unpack("<Q", raw)
-        if length > 100 * MiB:
-            raise UsageError(f"{path.name}: safetensors header too large ({length} bytes)")
-        try:
-            return json.loads(fh.read(length))
-        except ValueError as exc:
-            raise UsageError(f"{path.name}: unreadable safetensors header ({exc})") from None
+def _read_safetensors_header(path: Path):
+    from .modeldir.safetensors_header import HeaderProblem, read_header
+
+    try:
+        with open(path, "rb") as fh:
+            return read_header(fh, path.stat().st_size)
+    except HeaderProblem as exc:
+        raise UsageError(f"{path.name}: {exc.message}") from None
+
+
+class _ParamTally:
+    """Parameters counted by role, from safetensors headers or a meta-device model alike."""
+
+    def __init__(self) -> None:
+        self.linears: dict[tuple[str, int, int], int] = {}
+        self.emb = self.lm_head = self.norm = self.bias = self.norm_t = self.bias_t = 0
+
+    def linear(self, kind: str, in_features: int, out_features: int) -> None:
+        key = (kind, in_features, out_features)
+        self.linears[key] = self.linears.get(key, 0) + 1
+
+    def other(self, numel: int, is_bias: bool) -> None:
+        if is_bias:
+            self.bias, self.bias_t = self.bias + numel, self.bias_t + 1
+        else:  # norms and anything else that is not quantized
+            self.norm, self.norm_t = self.norm + numel, self.norm_t + 1
+
+    def shape(self, base: ModelShape, source: str) -> ModelShape:
+        return ModelShape(
+            family=base.family, hidden=base.hidden, intermediate=base.intermediate, layers=base.layers,
+            heads=base.heads, kv_heads=base.kv_heads, head_dim=base.head_dim, vocab=base.vocab,
+            tied=self.lm_head == 0,
+            linears=tuple(LinearGroup(k, i, o, c) for (k, i, o), c in sorted(self.linears.items())),
+            embedding_params=self.emb, lm_head_params=self.lm_head, norm_params=self.norm,
+            bias_params=self.bias, norm_tensors=self.norm_t, bias_tensors=self.bias_t, source=source,
+        )
 
 
 def shape_from_safetensors(config: dict, directory: Path) -> ModelShape | None:
@@ -167,37 +190,19 @@ def shape_from_safetensors(config: dict, directory: Path) -> ModelShape | None:
     if not files:
         return None
     base = shape_from_config(config) if _family(config) in KNOWN_FAMILIES else _generic_dims(config)
-    shapes: dict[tuple[str, int, int], int] = {}
-    emb = lm_head = norm = bias = norm_t = bias_t = 0
+    tally = _ParamTally()
     for file in files:
-        for name, info in _read_safetensors_header(file).items():
-            if name == "__metadata__":
-                continue
-            dims = info.get("shape", [])
-            numel = math.prod(dims) if dims else 1
+        for name, info in _read_safetensors_header(file).tensors.items():
+            dims = info.shape
             if "embed_tokens" in name or name.endswith("wte.weight"):
-                emb += numel
+                tally.emb += info.numel
             elif name.startswith("lm_head") or ".lm_head." in name:
-                lm_head += numel
+                tally.lm_head += info.numel
             elif len(dims) == 2 and name.endswith(".weight"):
-                kind = name.rsplit(".", 2)[-2]
-                key = (kind, dims[1], dims[0])
-                shapes[key] = shapes.get(key, 0) + 1
-            elif name.endswith(".bias"):
-                bias += numel
-                bias_t += 1
+                tally.linear(name.rsplit(".", 2)[-2], dims[1], dims[0])
             else:
-                norm += numel
-                norm_t += 1
-    linears = tuple(LinearGroup(k, i, o, c) for (k, i, o), c in sorted(shapes.items()))
-    tied = lm_head == 0
-    return ModelShape(
-        family=base.family, hidden=base.hidden, intermediate=base.intermediate, layers=base.layers,
-        heads=base.heads, kv_heads=base.kv_heads, head_dim=base.head_dim, vocab=base.vocab,
-        tied=tied, linears=linears, embedding_params=emb, lm_head_params=lm_head,
-        norm_params=norm, bias_params=bias, norm_tensors=norm_t, bias_tensors=bias_t,
-        source="safetensors",
-    )
+                tally.other(info.numel, is_bias=name.endswith(".bias"))
+    return tally.shape(base, "safetensors")
 
 
 def _generic_dims(config: dict) -> ModelShape:
@@ -233,8 +238,7 @@ def shape_from_meta(config: dict) -> ModelShape:
     except Exception as exc:
         raise UsageError(f"cannot build model_type {model_type!r} on the meta device: "
                          f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-    shapes: dict[tuple[str, int, int], int] = {}
-    emb = lm_head = norm = bias = norm_t = bias_t = 0
+    tally = _ParamTally()
     seen: set[int] = set()
     out_emb = model.get_output_embeddings()
     for name, module in model.named_modules():
@@ -244,26 +248,16 @@ def shape_from_meta(config: dict) -> ModelShape:
             seen.add(id(param))
             numel = param.numel()
             if isinstance(module, torch.nn.Embedding):
-                emb += numel
+                tally.emb += numel
+            elif module is out_emb and pname == "weight":
+                tally.lm_head += numel
             elif module is out_emb:
-                lm_head += numel if pname == "weight" else 0
-                bias += numel if pname == "bias" else 0
+                tally.bias += numel
             elif isinstance(module, torch.nn.Linear) and pname == "weight":
-                key = (name.rsplit(".", 1)[-1], module.in_features, module.out_features)
-                shapes[key] = shapes.get(key, 0) + 1
-            elif pname == "bias":
-                bias += numel
-                bias_t += 1
+                tally.linear(name.rsplit(".", 1)[-1], module.in_features, module.out_features)
             else:
-                norm += numel
-                norm_t += 1
-    linears = tuple(LinearGroup(k, i, o, c) for (k, i, o), c in sorted(shapes.items()))
-    return ModelShape(
-        family=base.family, hidden=base.hidden, intermediate=base.intermediate, layers=base.layers,
-        heads=base.heads, kv_heads=base.kv_heads, head_dim=base.head_dim, vocab=base.vocab,
-        tied=lm_head == 0, linears=linears, embedding_params=emb, lm_head_params=lm_head,
-        norm_params=norm, bias_params=bias, norm_tensors=norm_t, bias_tensors=bias_t, source="meta",
-    )
+                tally.other(numel, is_bias=pname == "bias")
+    return tally.shape(base, "meta")
 
 
 def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
