@@ -108,7 +108,8 @@ def test_application_xids_warn_and_clean_or_unreadable_logs():
     r = kernel_log.check_kernel_log(kernel_log.KernelLog(
         ["NVRM: Xid (PCI:0000:01:00): 13, pid=99, Graphics Exception"], "dmesg"))
     assert r.verdict == "warn" and "Xid 13" in r.value
-    assert kernel_log.check_kernel_log(kernel_log.KernelLog(["nothing here"], "dmesg")).verdict == "pass"
+    clean = kernel_log.check_kernel_log(kernel_log.KernelLog(["nothing here"], "dmesg"))
+    assert clean.verdict == "pass" and clean.fix == "" and clean.details["source"] == "dmesg"
     r = kernel_log.check_kernel_log(kernel_log.KernelLog(None, "dmesg: Operation not permitted"))
     assert r.verdict == "skip" and "not permitted" in r.value
 

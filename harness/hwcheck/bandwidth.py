@@ -248,7 +248,7 @@ def memory_result(fig: dict, gpu: str) -> CheckResult:
         return CheckResult("memory_write_verify", "fail", value, exp,
                            "memory returned different data than written: check ECC/retired pages and "
                            "temperature; on a card without ECC this is faulty VRAM (service/RMA)", fig)
-    return CheckResult("memory_write_verify", "pass", value, exp, fig)
+    return CheckResult("memory_write_verify", "pass", value, exp, details=fig)
 
 
 def allreduce_result(fig: dict, gpu: str) -> CheckResult:

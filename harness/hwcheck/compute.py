@@ -39,7 +39,7 @@ def check_allocation(device: str, nbytes: int = 256 * 2**20) -> CheckResult:
                            "memory read back differs from what was written: run --hw-level full (whole-memory "
                            "write/verify), check ECC and retired pages; the card may need service",
                            {"wrong": wrong})
-    return CheckResult("allocation", "pass", value, exp, {"wrong": 0, "seconds": elapsed})
+    return CheckResult("allocation", "pass", value, exp, details={"wrong": 0, "seconds": elapsed})
 
 
 def matmul_errors(device: str, n: int = MATMUL_N, seed: int = 0) -> dict[str, float]:
@@ -80,7 +80,7 @@ def check_matmul(device: str, errors: dict[str, float] | None = None) -> CheckRe
                            "the GPU computes wrong matmul results: check clocks/temperature (overclocked or "
                            "overheating cards miscompute), run --hw-level full; if it persists the card is faulty",
                            errors)
-    return CheckResult("matmul", "pass", value, exp, errors)
+    return CheckResult("matmul", "pass", value, exp, details=errors)
 
 
 def nvml_index(torch_index: int) -> int:

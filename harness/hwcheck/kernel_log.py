@@ -92,4 +92,4 @@ def check_kernel_log(log: KernelLog) -> CheckResult:
         return CheckResult(check, "warn", f"{log.source}: " + ", ".join(parts), exp,
                            "usually an application fault (bad memory access, killed process); if it comes with "
                            "crashes of known-good code, suspect the driver or the card", details)
-    return CheckResult(check, "pass", f"{log.source}: {len(log.lines)} lines, no Xid", exp, details)
+    return CheckResult(check, "pass", f"{log.source}: {len(log.lines)} lines, no Xid", exp, details=details)

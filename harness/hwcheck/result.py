@@ -20,6 +20,9 @@ class CheckResult:
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict {self.verdict!r} is not one of {VERDICTS}")
+        for name in ("value", "expectation", "fix"):  # shown as text in the Readiness table
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"CheckResult.{name} must be text, got {type(getattr(self, name)).__name__}")
 
     @property
     def ok(self) -> bool:
