@@ -145,37 +145,37 @@ def native_library_result(probe: dict) -> CheckResult:
                        f"{Path(str(probe['native_library'])).name}", exp, details=probe)
 
 
-def nf4_result(probe: dict, device: str) -> CheckResult:
-    check, exp = "bnb_4bit_roundtrip", f"NF4 quantize/dequantize equals the reference (<= {NF4_TOLERANCE:.1%} ties)"
+def _kernel_result(probe: dict, device: str, check: str, exp: str, kernel: str, label: str,
+                   describe, fix: str) -> CheckResult:
+    """One kernel's verdict from the probe: the native library first, then that kernel's result."""
     lib = native_library_result(probe)
     if lib.verdict == "fail":
         return CheckResult(check, "fail", lib.value, exp, lib.fix, probe)
-    nf4 = probe.get("results", {}).get(device, {}).get("nf4", {"error": f"no result for {device}"})
-    if "error" in nf4:
-        return _bnb_fail(check, "NF4 round trip raised", nf4["error"])
-    value = (f"{nf4['mismatch_fraction']:.2%} of elements off the reference; mean relative error "
-             f"{nf4['mean_rel_err']:.3f} on {device}")
-    if nf4["ok"]:
-        return CheckResult(check, "pass", value, exp, details=nf4)
-    return CheckResult(check, "fail", value, exp,
-                       "bitsandbytes' 4-bit kernels compute wrong values on this device: reinstall bitsandbytes, "
-                       "and if it persists run the memory checks (--hw-level full)", nf4)
+    result = probe.get("results", {}).get(device, {}).get(kernel, {"error": f"no result for {device}"})
+    if "error" in result:
+        return _bnb_fail(check, f"{label} raised", result["error"])
+    value = describe(result)
+    if result["ok"]:
+        return CheckResult(check, "pass", value, exp, details=result)
+    return CheckResult(check, "fail", value, exp, fix, result)
+
+
+def nf4_result(probe: dict, device: str) -> CheckResult:
+    return _kernel_result(
+        probe, device, "bnb_4bit_roundtrip",
+        f"NF4 quantize/dequantize equals the reference (<= {NF4_TOLERANCE:.1%} ties)", "nf4", "NF4 round trip",
+        lambda r: (f"{r['mismatch_fraction']:.2%} of elements off the reference; mean relative error "
+                   f"{r['mean_rel_err']:.3f} on {device}"),
+        "bitsandbytes' 4-bit kernels compute wrong values on this device: reinstall bitsandbytes, "
+        "and if it persists run the memory checks (--hw-level full)")
 
 
 def int8_result(probe: dict, device: str) -> CheckResult:
-    check, exp = "bnb_int8_matmul", "int8 matmul equals the exact int64 product"
-    lib = native_library_result(probe)
-    if lib.verdict == "fail":
-        return CheckResult(check, "fail", lib.value, exp, lib.fix, probe)
-    i8 = probe.get("results", {}).get(device, {}).get("int8", {"error": f"no result for {device}"})
-    if "error" in i8:
-        return _bnb_fail(check, "int8 matmul raised", i8["error"])
-    value = f"{i8['wrong_elements']} of {i8['elements']} elements wrong on {device}"
-    if i8["ok"]:
-        return CheckResult(check, "pass", value, exp, details=i8)
-    return CheckResult(check, "fail", value, exp,
-                       "the int8 kernels compute wrong values: reinstall bitsandbytes; if it persists, the GPU "
-                       "is suspect (run --hw-level full)", i8)
+    return _kernel_result(
+        probe, device, "bnb_int8_matmul", "int8 matmul equals the exact int64 product", "int8", "int8 matmul",
+        lambda r: f"{r['wrong_elements']} of {r['elements']} elements wrong on {device}",
+        "the int8 kernels compute wrong values: reinstall bitsandbytes; if it persists, the GPU "
+        "is suspect (run --hw-level full)")
 
 
 def main(argv: list[str] | None = None) -> int:
