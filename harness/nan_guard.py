@@ -265,14 +265,29 @@ class _GuardCore:
         raise NonFiniteError(finding, saved)
 
 
-class TrainingGuard:
+class _GuardFront:
+    """What both front ends share: a _GuardCore built from a config plus keyword overrides."""
+
+    def __init__(self, save_dir: str | Path | None, config: GuardConfig | None, overrides: dict[str, Any]):
+        if overrides:
+            config = GuardConfig(**{**(config or GuardConfig()).__dict__, **overrides})
+        self.core = _GuardCore(save_dir, config)
+
+    @property
+    def finding(self):
+        return self.core.finding
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.core.history
+
+
+class TrainingGuard(_GuardFront):
     """Context manager for plain training loops (see the module docstring)."""
 
     def __init__(self, model, optimizer=None, save_dir: str | Path | None = None,
                  config: GuardConfig | None = None, **overrides: Any):
-        if overrides:
-            config = GuardConfig(**{**(config or GuardConfig()).__dict__, **overrides})
-        self.core = _GuardCore(save_dir, config)
+        super().__init__(save_dir, config, overrides)
         self._model, self._optimizer = model, optimizer
 
     def __enter__(self) -> "TrainingGuard":
@@ -315,19 +330,11 @@ class TrainingGuard:
     def step(self) -> int:
         return self.core.step
 
-    @property
-    def finding(self):
-        return self.core.finding
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        return self.core.history
-
     def save(self) -> Path | None:
         return self.core.save()
 
 
-class NanGuardCallback:
+class NanGuardCallback(_GuardFront):
     """HF Trainer callback (duck-typed TrainerCallback: importing transformers is not needed).
 
     On a fault it saves the last good state and raises NonFiniteError out of trainer.train();
@@ -335,17 +342,7 @@ class NanGuardCallback:
     """
 
     def __init__(self, save_dir: str | Path | None = None, config: GuardConfig | None = None, **overrides: Any):
-        if overrides:
-            config = GuardConfig(**{**(config or GuardConfig()).__dict__, **overrides})
-        self.core = _GuardCore(save_dir, config)
-
-    @property
-    def finding(self):
-        return self.core.finding
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        return self.core.history
+        super().__init__(save_dir, config, overrides)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if model is None:
