@@ -197,3 +197,23 @@ def test_budget_emulation_ooms_past_the_budget(device, vram_budget, settings):
     finally:
         if vram_budget is None:
             release_budget(state)
+
+
+def test_held_out_architectures_within_tolerance(record):
+    """phi-3-mini-4k (a family never fitted: fused qkv and gate_up projections) and qwen2.5-3b,
+    measured after the calibration was frozen: the estimator must hold there too."""
+    from harness.vram_matrix import MEASURED_DIR, evaluate, load_matrix
+
+    rows, env = load_matrix(sorted((MEASURED_DIR / "holdout").glob("rows-*.json")))
+    s = evaluate(rows, env)
+    record(rows=s.n, median_abs_error=s.median_abs_error, worst_abs_error=s.worst_abs_error,
+           accelerate_median_abs_error=s.accelerate_median_abs_error, budget_agreement=s.budget_agreement)
+    for r in s.rows:
+        record.row("VRAM: held-out architectures (H200)", {
+            "arch": r["arch"], "precision": r["precision"], "mode": r["mode"], "seq": r["seq_len"],
+            "batch": r["batch"], "measured": format_bytes(r["measured"]),
+            "predicted": format_bytes(r["predicted"]), "error": f"{r['error']:+.1%}"})
+    assert {r["arch"] for r in s.rows} == {"phi-3-mini-4k", "qwen2.5-3b"} and s.n >= 50
+    assert s.median_abs_error <= MEDIAN_TOLERANCE
+    assert s.worst_abs_error <= WORST_TOLERANCE
+    assert s.budget_agreement >= AGREEMENT
