@@ -94,8 +94,6 @@ def _suite_name(config) -> str:
 def pytest_configure(config):
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    if hasattr(config, "workerinput"):  # xdist workers: the controller writes reports
-        pass
     options = {name: config.getoption(name) for name in OPTION_NAMES}
     try:
         settings = settings_mod.resolve(options, root=config.rootpath)
@@ -121,9 +119,10 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    return [f"harness: {env_mod.header_line(config.stash[env_key])}",
-            f"harness: GPU {env_mod.gpu_readiness(config.stash[env_key]).state}: "
-            f"{env_mod.gpu_readiness(config.stash[env_key]).reason}"]
+    environment = config.stash[env_key]
+    readiness = env_mod.gpu_readiness(environment)
+    return [f"harness: {env_mod.header_line(environment)}",
+            f"harness: GPU {readiness.state}: {readiness.reason}"]
 
 
 @pytest.hookimpl(optionalhook=True)
