@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UnsupportedError, UsageError
-from .settings import PRECISIONS, default_cache_dir
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "nf4-dq", "fp4", "fp4-dq")
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("HARNESS_CACHE_DIR")
+    if env:
+        return Path(env).expanduser().resolve()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llm-harness"
+
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 _FORMAT = 1  # bump when the way a tiny model is built changes: it re-keys the cache

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import UsageError
+from .models import PRECISIONS, default_cache_dir, reference_names  # noqa: F401 (re-exported)
 from .units import parse_bytes
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "nf4-dq", "fp4", "fp4-dq")
 DEVICES = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 HW_LEVELS = ("quick", "full")
 
@@ -41,13 +41,6 @@ class Settings:
     baseline: Path | None = None
     hw_level: str = "quick"
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("HARNESS_CACHE_DIR")
-    if env:
-        return Path(env).expanduser().resolve()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llm-harness"
 
 
 def parse_precisions(text: str | None) -> tuple[str, ...]:
@@ -82,8 +75,6 @@ def _interpreter(value: str | None, env_var: str, default_venv: Path, flag: str)
 def _resolve_model(value: str | None) -> str | None:
     if not value:
         return None
-    from .models import reference_names  # light: no torch import
-
     if value in reference_names() or value.startswith("tiny-"):
         return value
     path = Path(value).expanduser()

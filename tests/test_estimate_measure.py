@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.budget import fits, plan
-from harness.estimate import model_shape
+from harness.memory.budget import fits, plan
+from harness.memory.estimate import model_shape
 from harness.errors import UsageError
-from harness.measure import MemoryTracker
+from harness.memory.measure import MemoryTracker
 
 
 def test_tracker_on_cpu_reports_host_rss_peak():

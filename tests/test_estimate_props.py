@@ -8,7 +8,7 @@ import sys
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from harness import estimate as E
+from harness.memory import estimate as E
 from harness.errors import UsageError
 
 REFS = ["qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "tinyllama-1.1b", "smollm2-1.7b",
@@ -127,7 +127,7 @@ def test_bad_queries_raise_usage_errors(bad, msg):
 
 
 def test_known_families_answer_fast_without_torch():
-    code = ("import sys, time; t=time.perf_counter(); from harness import estimate as E;"
+    code = ("import sys, time; t=time.perf_counter(); from harness.memory import estimate as E;"
             "s=E.model_shape('qwen2.5-7b');"
             "[E.estimate(s, E.Query(p, m, seq_len=n)) for p in E.PRECISIONS for m in E.MODES for n in (512, 8192)];"
             "print(time.perf_counter()-t, 'torch' in sys.modules)")

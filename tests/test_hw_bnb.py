@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.hwcheck import bnb_probe
-from harness.hwcheck.compat import classify_bnb_error
+from harness.hw import bnb_probe
+from harness.hw.compat import classify_bnb_error
 
 spec = importlib.util.find_spec("bitsandbytes")
 pytestmark = pytest.mark.skipif(spec is None, reason="bitsandbytes is not installed (pip install -e '.[gpu]')")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness import env as env_mod
-from harness.hwcheck import compat
-from harness.hwcheck.static import static_checks
+from harness.hw import compat
+from harness.hw.static import static_checks
 
 ARCHS_CU124 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 ARCHS_CU130 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_110", "sm_120"]

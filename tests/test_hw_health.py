@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.hwcheck import bandwidth as bw
-from harness.hwcheck import health, kernel_log, references
-from harness.hwcheck.health import GpuHealth
-from harness.hwcheck.result import combine
+from harness.hw import bandwidth as bw
+from harness.hw import health, kernel_log, references
+from harness.hw.health import GpuHealth
+from harness.hw.result import combine
 
 
 def healthy(**changes) -> GpuHealth:

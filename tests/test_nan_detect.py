@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from harness import nan
-from harness import nan_inject as inject
+from harness.nan import inject
 from harness.errors import UsageError
 
 
@@ -134,7 +134,7 @@ def test_nonfinite_in_cache_legacy_and_mask():
 def test_nonfinite_in_dynamic_cache_and_poison():
     from transformers import DynamicCache
 
-    from harness.twomodels import cache_from_tensors
+    from harness.nan.twomodels import cache_from_tensors
 
     cache = cache_from_tensors([torch.zeros(1, 2, 3, 4)] * 3, [torch.zeros(1, 2, 3, 4)] * 3)
     assert isinstance(cache, DynamicCache) and nan.nonfinite_in_cache(cache) == []

@@ -68,7 +68,7 @@ def test_guard_nan_loss_trips_and_keeps_weights(tmp_path):
 
 
 def test_guard_names_first_nonfinite_gradient_despite_clipping(tmp_path):
-    from harness.nan_inject import nan_in_backward
+    from harness.nan.inject import nan_in_backward
 
     model = Model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from harness.errors import UsageError
-from harness.twomodels import TwoModelManager, handoff_race
+from harness.nan.twomodels import TwoModelManager, handoff_race
 
 
 def _loaders():

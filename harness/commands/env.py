@@ -21,7 +21,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from .. import env as env_mod
     from .. import settings as settings_mod
-    from ..hwcheck.static import static_checks
+    from ..hw.static import static_checks
 
     root = Path(__file__).resolve().parents[2]
     # The default vLLM venv lives beside the source tree (the README's set-up puts it there).

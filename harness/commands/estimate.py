@@ -65,7 +65,7 @@ def _new_tokens(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import estimate as E
+    from ..memory import estimate as E
     from ..units import format_bytes
 
     precisions = _str_list(args.precision, "--precision", E.PRECISIONS)

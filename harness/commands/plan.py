@@ -22,9 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import budget as B
+    from ..memory import budget as B
     from ..errors import UsageError
-    from ..estimate import PRECISIONS, model_shape
+    from ..memory.estimate import PRECISIONS, model_shape
     from ..units import format_bytes, parse_bytes
 
     budget = parse_bytes(args.budget, "--budget")

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from harness.hwcheck import CheckResult
+from harness.hw import CheckResult
 
 READINESS = "Readiness"
 
@@ -69,7 +69,7 @@ def cuda_devices(harness_env) -> list[str]:
 
 @pytest.fixture(scope="session")
 def gpu_health(driver):
-    from harness.hwcheck.health import read_health
+    from harness.hw.health import read_health
 
     health = read_health()
     if not health:
@@ -80,7 +80,7 @@ def gpu_health(driver):
 @pytest.fixture(scope="session")
 def bnb_probe(harness_env, cuda_devices):
     """bitsandbytes run for real on every GPU, in a subprocess (a native crash stays there)."""
-    from harness.hwcheck.bnb_probe import run_probe
+    from harness.hw.bnb_probe import run_probe
 
     if harness_env.packages.get("bitsandbytes") is None:
         pytest.skip("bitsandbytes is not installed (pip install -e '.[gpu]'): QLoRA and 8-bit loading unavailable")

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from harness import env as env_mod
-from harness.hwcheck import compat, compute, health, kernel_log
-from harness.hwcheck.result import combine
+from harness.hw import compat, compute, health, kernel_log
+from harness.hw.result import combine
 
 
 # ---- driver and torch's CUDA build (run whenever a driver is installed) -----------------------
@@ -75,21 +75,21 @@ def test_matmul(cuda_devices, verdict):
 
 @pytest.mark.gpu
 def test_bnb_native_library(bnb_probe, verdict):
-    from harness.hwcheck.bnb_probe import native_library_result
+    from harness.hw.bnb_probe import native_library_result
 
     verdict(native_library_result(bnb_probe))
 
 
 @pytest.mark.gpu
 def test_bnb_4bit_roundtrip(bnb_probe, cuda_devices, verdict):
-    from harness.hwcheck.bnb_probe import nf4_result
+    from harness.hw.bnb_probe import nf4_result
 
     verdict(combine("bnb_4bit_roundtrip", [nf4_result(bnb_probe, d) for d in cuda_devices]))
 
 
 @pytest.mark.gpu
 def test_bnb_int8_matmul(bnb_probe, cuda_devices, verdict):
-    from harness.hwcheck.bnb_probe import int8_result
+    from harness.hw.bnb_probe import int8_result
 
     verdict(combine("bnb_int8_matmul", [int8_result(bnb_probe, d) for d in cuda_devices]))
 
@@ -98,7 +98,7 @@ def test_bnb_int8_matmul(bnb_probe, cuda_devices, verdict):
 
 @pytest.mark.vllm
 def test_vllm_importable(settings, verdict):
-    from harness.hwcheck.vllm_check import check_vllm_import
+    from harness.hw.vllm_check import check_vllm_import
 
     verdict(check_vllm_import(str(settings.vllm_python) if settings.vllm_python else None))
 

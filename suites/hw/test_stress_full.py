@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.hwcheck import bandwidth as bw
-from harness.hwcheck.result import combine
+from harness.hw import bandwidth as bw
+from harness.hw.result import combine
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

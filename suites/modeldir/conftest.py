@@ -33,7 +33,7 @@ def _logits(model, ids):
 
 @pytest.fixture(scope="session")
 def chain(tiny_model_dir, tmp_path_factory) -> Chain:
-    from harness import lora
+    from harness.nan import lora
     from harness.models import load_model, load_tokenizer
 
     started = time.monotonic()

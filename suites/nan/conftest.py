@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.lora import attach_lora, lora_config
+from harness.nan.lora import attach_lora, lora_config
 from harness.models import load_model
 
 DEVICES = ["cpu", pytest.param("cuda:0", marks=pytest.mark.gpu, id="cuda")]

@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from harness import lora, nan
-from harness import nan_inject as inject
-from harness.twomodels import cache_from_tensors, continue_from_cache, prefix_cache
+from harness import nan
+from harness.nan import lora
+from harness.nan import inject
+from harness.nan.twomodels import cache_from_tensors, continue_from_cache, prefix_cache
 
 
 def _trainable(model) -> dict:

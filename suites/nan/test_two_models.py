@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from harness import nan
-from harness.lora import attach_lora, lora_config
+from harness.nan.lora import attach_lora, lora_config
 from harness.models import load_model, save_random_model
-from harness.twomodels import TwoModelManager, emulate_budget, handoff_race, load_order_experiment, usable_budget
+from harness.nan.twomodels import TwoModelManager, emulate_budget, handoff_race, load_order_experiment, usable_budget
 from harness.units import format_bytes, parse_bytes
 
 pytestmark = pytest.mark.gpu

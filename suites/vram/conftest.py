@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.vram_matrix import evaluate, load_matrix
+from harness.memory.matrix import evaluate, load_matrix
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Predicted against measured VRAM.
 
 On CPU: the estimator against the committed H200 matrix (suites/vram/measured/matrix, measured by
-suites/vram/measured/run_matrix.sh), the planner against what happened under the emulated 6 GiB
+benchmarks/vram/run_matrix.sh), the planner against what happened under the emulated 6 GiB
 budget there, and exact weights of the tiny model loaded here. On GPU: live rows of the matrix on
 this card, and the budget emulation itself.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import estimate as E
+from harness.memory import estimate as E
 from harness.units import format_bytes
 
 MEDIAN_TOLERANCE = 0.05  # issue 4: median |error| of peak_bytes at most 5%
@@ -148,7 +148,7 @@ def test_live_prefill_on_gpu(precision, tmp_path, device, record):
 
     import torch
 
-    from harness.measure import MemoryTracker
+    from harness.memory.measure import MemoryTracker
     from harness.models import load_model, save_random_model
 
     arch = "qwen2.5-0.5b"
@@ -183,7 +183,7 @@ def test_budget_emulation_ooms_past_the_budget(device, vram_budget, settings):
     Without --vram-budget this uses 6 GiB."""
     import torch
 
-    from harness.budget import apply_budget, release_budget
+    from harness.memory.budget import apply_budget, release_budget
     from harness.units import parse_bytes
 
     state = vram_budget or apply_budget(parse_bytes("6GiB"), device)
@@ -202,7 +202,7 @@ def test_budget_emulation_ooms_past_the_budget(device, vram_budget, settings):
 def test_held_out_architectures_within_tolerance(record):
     """phi-3-mini-4k (a family never fitted: fused qkv and gate_up projections) and qwen2.5-3b,
     measured after the calibration was frozen: the estimator must hold there too."""
-    from harness.vram_matrix import MEASURED_DIR, evaluate, load_matrix
+    from harness.memory.matrix import MEASURED_DIR, evaluate, load_matrix
 
     rows, env = load_matrix(sorted((MEASURED_DIR / "holdout").glob("rows-*.json")))
     s = evaluate(rows, env)

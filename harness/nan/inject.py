@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .errors import UsageError
-from .nan import IGNORE_INDEX
+from ..errors import UsageError
+from .locate import IGNORE_INDEX
 
 
 def get_module(model, name: str):
@@ -153,7 +153,7 @@ def poison_cache(cache, layer: int, kind: str = "value", value: float = float("n
     """Write `value` into one element of layer `layer`'s keys or values, in place."""
     import torch
 
-    from .nan import _cache_layers
+    from .locate import _cache_layers
 
     if kind not in ("key", "value"):
         raise UsageError(f"kind must be 'key' or 'value', not {kind!r}")

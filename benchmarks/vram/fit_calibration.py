@@ -1,6 +1,6 @@
-"""Fit the transient coefficients of harness/estimate.py (CALIBRATION) to measured matrix rows.
+"""Fit the transient coefficients of harness/memory/estimate.py (CALIBRATION) to measured matrix rows.
 
-    python suites/vram/measured/fit_calibration.py [--holdout arch,arch] ROWS.json...
+    python benchmarks/vram/fit_calibration.py [--holdout arch,arch] ROWS.json...
 
 For each calibration key (mode/precision group[/gc]) it solves a non-negative least-squares fit of
 (measured peak - the exactly modelled terms) on the key's features, weighting each row by
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness import estimate as E  # noqa: E402
-from harness.vram_matrix import load_matrix, measured_bytes, row_query  # noqa: E402
+from harness.memory import estimate as E  # noqa: E402
+from harness.memory.matrix import load_matrix, measured_bytes, row_query  # noqa: E402
 
 FEATURES = {  # physically meaningful terms only: fewer features generalise to unseen shapes
     "weights": ["tied_emb_src", "largest_linear_src"],

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of the NaN suite (issue 5), as launched on the lent H200 with the device tool:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-#       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; bash suites/nan/gpu_run.sh
+#       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; bash scripts/gpu/nan.sh
 # (carry=[".whl"]: bitsandbytes 0.50.2, pytest-html, pytest-metadata). Reports go to $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HARNESS_CACHE_DIR=/tmp/harness-cache

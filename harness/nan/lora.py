@@ -125,7 +125,7 @@ def merge_and_save(peft_model, out_dir: str | Path, safe_merge: bool = True, dty
     merged = peft_model.merge_and_unload(safe_merge=safe_merge)
     if dtype is not None:
         if isinstance(dtype, str):
-            from .models import torch_dtype
+            from ..models import torch_dtype
 
             dtype = torch_dtype(dtype)
         merged = merged.to(dtype)

@@ -1,6 +1,6 @@
 """Merging a QLoRA adapter: into the 4-bit base (what check-dir refuses) vs a bf16 base.
 
-    python suites/modeldir/gpu_merge_4bit.py --device cuda:0 --out reports/gpu-merge-4bit.json [--models tiny,qwen2.5-0.5b]
+    python benchmarks/modeldir/gpu_merge_4bit.py --device cuda:0 --out reports/gpu-merge-4bit.json [--models tiny,qwen2.5-0.5b]
 
 For each model: train a LoRA adapter on the NF4 base (QLoRA), then compare next-token logits of
 (ref) the NF4 base + the unmerged adapter, the way it was trained, with
@@ -36,7 +36,7 @@ def run_one(name: str, device: str, work: Path) -> dict:
     import torch
     from peft import PeftModel
 
-    from harness import lora
+    from harness.nan import lora
     from harness.modeldir import check_dir
     from harness.models import load_model, save_random_model, tiny_model_dir
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import UsageError
+from ..errors import UsageError
 from .estimate import PRECISIONS, ModelShape, Query, estimate, weight_bytes
-from .units import format_bytes
+from ..units import format_bytes
 
 # CUDA context + driver reservations of one process on a small consumer card with lazy module
 # loading (facts.md: ~290-430 MB). Measured on the GPU the budget runs on when it can be.

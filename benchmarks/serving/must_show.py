@@ -8,7 +8,7 @@
    side by side with vLLM's own benchmark (vllm/benchmarks/serve.py from the vLLM venv) on the same
    server and workload (bar: TTFT p50 and throughput within 10%, or explained).
 
-Run:  .venv/bin/python suites/serving/benchmarks/must_show.py [--vllm-python P] [--out DIR]
+Run:  .venv/bin/python benchmarks/serving/must_show.py [--vllm-python P] [--out DIR]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.atomic import write_text  # noqa: E402

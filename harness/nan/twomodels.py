@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .errors import UsageError
+from ..errors import UsageError
 
 Loader = Callable[[], Any]
 
@@ -54,9 +54,9 @@ def _mem(device: str) -> dict[str, int]:
 
 @contextlib.contextmanager
 def emulate_budget(budget_bytes: int | None, device: str = "cuda:0"):
-    """harness.budget's emulation (allocator cap = budget - CUDA context) for the duration;
+    """harness.memory.budget's emulation (allocator cap = budget - CUDA context) for the duration;
     None or a CPU device: no cap."""
-    from .budget import apply_budget, release_budget
+    from ..memory.budget import apply_budget, release_budget
 
     if budget_bytes is None or not _is_cuda(device):
         yield None
@@ -70,8 +70,8 @@ def emulate_budget(budget_bytes: int | None, device: str = "cuda:0"):
 
 def usable_budget(budget_bytes: int, device: str) -> int:
     """What the allocator may use of a card of `budget_bytes` (the CUDA context comes first)."""
-    from .budget import DEFAULT_CONTEXT_BYTES
-    from .measure import cuda_context_bytes
+    from ..memory.budget import DEFAULT_CONTEXT_BYTES
+    from ..memory.measure import cuda_context_bytes
 
     if not _is_cuda(device):
         return budget_bytes
@@ -289,7 +289,7 @@ def handoff_race(model_a, model_b, prefix_ids, next_ids, sync: str = "none", sle
     reads the buffers before A writes them, deterministically. sync="wait_stream" or "event"
     orders B after A. The reference is the same handoff on one stream.
     """
-    from .nan import nonfinite_in_cache
+    from .locate import nonfinite_in_cache
 
     torch = _torch()
     device = prefix_ids.device

@@ -1,6 +1,6 @@
 """The GPU matrix: predicted against measured peak VRAM, and fit/OOM under an emulated budget.
 
-    python -m harness.vram_matrix --archs qwen2.5-0.5b,llama-3.2-1b --out DIR [--budget 6GiB]
+    python -m harness.memory.matrix --archs qwen2.5-0.5b,llama-3.2-1b --out DIR [--budget 6GiB]
 
 Each architecture runs in its own worker process (in parallel on one GPU: torch's allocator
 statistics are per process). A worker saves random bf16 weights of the reference architecture
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import atomic
+from .. import atomic
 
 INFER_PRECISIONS = ("bf16", "nf4-dq", "nf4", "fp4", "int8", "fp32")
 PREFILL_LENS = (512, 2048, 8192)
@@ -188,10 +188,10 @@ class Worker:
     # -- the model ----------------------------------------------------------------------------------
 
     def model_dir(self) -> Path:
-        from .models import save_random_model
+        from ..models import save_random_model
 
         if self.arch.startswith("tiny-"):  # CPU smoke runs
-            from .models import tiny_model_dir
+            from ..models import tiny_model_dir
 
             return tiny_model_dir(self.arch[5:])
         path = self.model_root / self.arch
@@ -203,7 +203,7 @@ class Worker:
         return path
 
     def load(self, precision: str, capped: bool):
-        from .models import load_model
+        from ..models import load_model
 
         path = self.model_dir()  # outside the measurement: saving the random checkpoint uses the GPU
         return self.measured(lambda: load_model(path, precision, self.device), capped)
@@ -341,7 +341,7 @@ class Worker:
         self.unload(model)
 
     def _load_for_training(self, precision: str):
-        from .models import load_model
+        from ..models import load_model
 
         base = load_model(self.model_dir(), precision, self.device)
         if precision != "bf16":
@@ -375,7 +375,7 @@ class Worker:
 
 
 def _worker_main(args) -> int:
-    from .units import parse_bytes
+    from ..units import parse_bytes
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -391,7 +391,7 @@ def _worker_main(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.vram_matrix", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m harness.memory.matrix", description=__doc__.splitlines()[0])
     ap.add_argument("--archs", default="qwen2.5-0.5b,llama-3.2-1b,tinyllama-1.1b,qwen2.5-1.5b,smollm2-1.7b")
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", default="6GiB")
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.time() + args.time_limit_s
     procs = []
     for arch in [a for a in args.archs.split(",") if a]:
-        cmd = [sys.executable, "-m", "harness.vram_matrix", "--worker", arch, "--out", args.out,
+        cmd = [sys.executable, "-m", "harness.memory.matrix", "--worker", arch, "--out", args.out,
                "--budget", args.budget, "--precisions", args.precisions, "--deadline", str(deadline),
                "--model-root", args.model_root, "--device", args.device] + (["--no-train"] if args.no_train else [])
         procs.append((arch, subprocess.Popen(cmd)))

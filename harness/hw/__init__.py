@@ -1,4 +1,4 @@
-"""Machine-readiness checks: can this box fine-tune and serve, and if not, what to fix.
+"""Is this machine ready: driver, CUDA, torch, bitsandbytes, vLLM, NVML health, bandwidth.
 
 One module per concern; every check returns a :class:`CheckResult`. Modules that need torch
 import it inside their functions, so importing this package stays cheap.

@@ -2,7 +2,7 @@
 # The command that measured suites/vram/measured/*.json on a lent NVIDIA H200 (the `run` tool of
 # this workplace; any CUDA machine works). It brings bitsandbytes as a wheel (.whl/, git-ignored),
 # then runs the matrix, one worker process per architecture, writing rows as it goes.
-#   suites/vram/measured/run_matrix.sh OUTDIR [ARCHS] [TIME_LIMIT_S] [RESUME_FROM_DIR]
+#   benchmarks/vram/run_matrix.sh OUTDIR [ARCHS] [TIME_LIMIT_S] [RESUME_FROM_DIR]
 # With RESUME_FROM_DIR, rows measured by an earlier (cut-short) run are copied in and skipped.
 # VRAM_MATRIX_ARGS passes more options (e.g. "--precisions bf16,nf4 --no-train").
 # The committed matrix took three calls: run 1 (calibration, 5 archs, 330 s), run 2 (resume + the
@@ -21,4 +21,4 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=er
 mkdir -p "$out"
 if [ -n "${4:-}" ]; then cp "$4"/rows-*.json "$out"/ || exit 1; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.csv" 2>&1
-python3 -m harness.vram_matrix --archs "$archs" --out "$out" --time-limit-s "$limit" ${VRAM_MATRIX_ARGS:-} 2> >(grep -v "Loading weights\|MatMul8bitLt\|UserWarning\|warnings.warn" | tee "$out/log.txt" >&2)
+python3 -m harness.memory.matrix --archs "$archs" --out "$out" --time-limit-s "$limit" ${VRAM_MATRIX_ARGS:-} 2> >(grep -v "Loading weights\|MatMul8bitLt\|UserWarning\|warnings.warn" | tee "$out/log.txt" >&2)

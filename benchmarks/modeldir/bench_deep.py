@@ -1,6 +1,6 @@
 """Benchmark of check-dir on a 7B-sized directory: header-only time per shard, --deep peak RSS.
 
-    python suites/modeldir/bench_deep.py [--config qwen2.5-7b] [--small qwen2.5-0.5b] [--dir /tmp/x] [--keep]
+    python benchmarks/modeldir/bench_deep.py [--config qwen2.5-7b] [--small qwen2.5-0.5b] [--dir /tmp/x] [--keep]
 
 Writes random bf16 directories (shapes from the published config, data written chunk by chunk
 from one repeated random block: never more than a few MB in memory), runs

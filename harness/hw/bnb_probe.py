@@ -3,7 +3,7 @@
 `import bitsandbytes` succeeds even when its native library failed to load (it swaps in a stub
 that raises on first call, or silently falls back to slow pure-torch kernels on CPU), so only
 running its kernels and checking the numbers proves anything. The probe runs in a subprocess
-(`python -m harness.hwcheck.bnb_probe --device cuda:0`): a crash in native code then takes down
+(`python -m harness.hw.bnb_probe --device cuda:0`): a crash in native code then takes down
 the probe, not the test session, and a test can run it in a deliberately broken environment.
 """
 
@@ -108,7 +108,7 @@ def _kernels(device: str) -> dict:
 
 def run_probe(devices: list[str], python: str | None = None, env: dict | None = None, timeout: float = 180) -> dict:
     """Run the probe in a subprocess; never raises: a crash is returned as {"crash": ...}."""
-    cmd = [python or sys.executable, "-m", "harness.hwcheck.bnb_probe"]
+    cmd = [python or sys.executable, "-m", "harness.hw.bnb_probe"]
     for device in devices:
         cmd += ["--device", device]
     root = str(Path(__file__).resolve().parents[2])

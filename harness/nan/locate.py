@@ -12,7 +12,7 @@
   once the labels are shifted, before training starts.
 
 The training guard (HF Trainer callback and plain-loop context manager) lives in
-``harness.nan_guard`` and is re-exported here. torch is imported inside functions.
+``harness.nan.guard``. torch is imported inside functions.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import itertools
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Iterator
 
-from .errors import CheckFailed, UsageError
+from ..errors import CheckFailed, UsageError
 
 IGNORE_INDEX = -100
 
@@ -384,10 +384,3 @@ def require_labels_ok(samples, ignore_index: int = IGNORE_INDEX, shift: bool = T
         raise BadLabelsError(problems)
 
 
-from .nan_guard import GuardConfig, NanGuardCallback, TrainingGuard, load_last_good  # noqa: E402
-
-__all__ = [
-    "IGNORE_INDEX", "NonFinite", "CacheFinding", "LabelProblem", "NonFiniteError", "BadLabelsError",
-    "first_nonfinite", "nonfinite_in_cache", "nonfinite_tensors", "check_labels", "require_labels_ok",
-    "tensor_stats", "count_targets", "GuardConfig", "TrainingGuard", "NanGuardCallback", "load_last_good",
-]

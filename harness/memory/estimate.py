@@ -1,0 +1,569 @@
+"""Peak-VRAM predictor: pure arithmetic on a config.json (no torch import for known families).
+
+What it models (facts.md, Memory; read from the installed transformers / peft / bitsandbytes):
+- weights: transformers quantizes only the decoder's nn.Linear layers; embeddings, norms, biases
+  and lm_head stay in the torch dtype (bf16 for quantized loads). int8 (LLM.int8) stores CB int8
+  plus SCB float32 per output row; nf4/fp4 pack two values per byte plus a float32 absmax per 64,
+  double quantization stores the absmax as uint8 plus a float32 per 256 blocks; every quant-state
+  tensor is one allocation (torch's allocator rounds each to 512 bytes).
+- KV cache: 2 * layers * kv_heads * head_dim * bytes * batch * tokens (GQA).
+- prefill: one forward with use_cache=True and logits for the last position only (generate sets
+  logits_to_keep=1), the logits copied to float32. generate: the KV cache grows by torch.cat, so a
+  decode step briefly holds one layer's cache twice.
+- train: LoRA adapters in fp32 (weight + grad + two AdamW states = 16 bytes a parameter); quantized
+  bases go through prepare_model_for_kbit_training, which casts every non-4-bit parameter to fp32;
+  the loss upcasts logits to float32 (batch * seq * vocab * 4) and keeps a gradient of them.
+- activation / transient peaks are linear in tokens x (hidden, intermediate, q/k/v width) with
+  coefficients fitted to measurements on an H200 (suites/vram/measured/, see CALIBRATION).
+
+Unknown architectures fall back to a meta-device parameter count (imports torch + transformers).
+A model directory with safetensors gives exact tensor sizes from the headers without loading.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import UsageError
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "nf4-dq", "fp4", "fp4-dq")
+MODES = ("weights", "prefill", "generate", "train")
+KNOWN_FAMILIES = ("llama", "qwen2", "mistral", "phi3")
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+BLOCK = 512  # torch's CUDA caching allocator rounds every allocation up to 512 bytes
+MiB = 1024**2
+
+
+# ---------------------------------------------------------------------------------------------
+# Model shape
+
+
+@dataclass(frozen=True)
+class LinearGroup:
+    """`count` quantizable nn.Linear weights of one shape; `kind` is the projection name."""
+
+    kind: str
+    in_features: int
+    out_features: int
+    count: int
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    family: str
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    linears: tuple[LinearGroup, ...]
+    embedding_params: int
+    lm_head_params: int  # 0 when tied to the embedding
+    norm_params: int
+    bias_params: int
+    norm_tensors: int
+    bias_tensors: int
+    source: str = "config"  # config | safetensors | meta
+
+    @property
+    def linear_params(self) -> int:
+        return sum(g.in_features * g.out_features * g.count for g in self.linears)
+
+    @property
+    def total_params(self) -> int:
+        return (self.linear_params + self.embedding_params + self.lm_head_params
+                + self.norm_params + self.bias_params)
+
+    @property
+    def qkv_width(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def largest_linear(self) -> int:
+        return max((g.in_features * g.out_features for g in self.linears), default=0)
+
+
+def _require_int(config: dict, key: str, default: Any = None, minimum: int = 1) -> int:
+    value = config.get(key, default)
+    if value is None:
+        raise UsageError(f"config has no {key}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise UsageError(f"config {key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise UsageError(f"config {key} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _family(config: dict) -> str:
+    return str(config.get("model_type") or "").lower()
+
+
+def shape_from_config(config: dict) -> ModelShape:
+    """Exact parameter layout of a known family (llama, qwen2, mistral, phi3) from config fields."""
+    family = _family(config)
+    if family not in KNOWN_FAMILIES:
+        raise UsageError(f"model_type {family or '(none)'!r} is not a known family ({', '.join(KNOWN_FAMILIES)})")
+    h = _require_int(config, "hidden_size")
+    n_layers = _require_int(config, "num_hidden_layers")
+    heads = _require_int(config, "num_attention_heads")
+    kv_heads = _require_int(config, "num_key_value_heads", heads)
+    head_dim = config.get("head_dim") or h // heads
+    head_dim = _require_int({"head_dim": head_dim}, "head_dim")
+    inter = _require_int(config, "intermediate_size")
+    vocab = _require_int(config, "vocab_size")
+    tied = bool(config.get("tie_word_embeddings", False))
+    q, kv = heads * head_dim, kv_heads * head_dim
+    if family == "phi3":
+        per_layer = [("qkv_proj", h, q + 2 * kv), ("o_proj", q, h), ("gate_up_proj", h, 2 * inter),
+                     ("down_proj", inter, h)]
+    else:
+        per_layer = [("q_proj", h, q), ("k_proj", h, kv), ("v_proj", h, kv), ("o_proj", q, h),
+                     ("gate_proj", h, inter), ("up_proj", h, inter), ("down_proj", inter, h)]
+    bias_params = bias_tensors = 0
+    if family == "qwen2":  # q, k and v carry biases in every Qwen2 layer
+        bias_params, bias_tensors = n_layers * (q + 2 * kv), n_layers * 3
+    elif family in ("llama", "mistral"):
+        if config.get("attention_bias"):
+            bias_params += n_layers * (q + 2 * kv + h)
+            bias_tensors += n_layers * 4
+        if config.get("mlp_bias"):
+            bias_params += n_layers * (2 * inter + h)
+            bias_tensors += n_layers * 3
+    linears = tuple(LinearGroup(kind, i, o, n_layers) for kind, i, o in per_layer)
+    return ModelShape(
+        family=family, hidden=h, intermediate=inter, layers=n_layers, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, tied=tied, linears=linears,
+        embedding_params=vocab * h, lm_head_params=0 if tied else vocab * h,
+        norm_params=(2 * n_layers + 1) * h, bias_params=bias_params,
+        norm_tensors=2 * n_layers + 1, bias_tensors=bias_tensors, source="config",
+    )
+
+
+def _read_safetensors_header(path: Path):
+    from ..modeldir.safetensors_header import HeaderProblem, read_header
+
+    try:
+        with open(path, "rb") as fh:
+            return read_header(fh, path.stat().st_size)
+    except HeaderProblem as exc:
+        raise UsageError(f"{path.name}: {exc.message}") from None
+
+
+class _ParamTally:
+    """Parameters counted by role, from safetensors headers or a meta-device model alike."""
+
+    def __init__(self) -> None:
+        self.linears: dict[tuple[str, int, int], int] = {}
+        self.emb = self.lm_head = self.norm = self.bias = self.norm_t = self.bias_t = 0
+
+    def linear(self, kind: str, in_features: int, out_features: int) -> None:
+        key = (kind, in_features, out_features)
+        self.linears[key] = self.linears.get(key, 0) + 1
+
+    def other(self, numel: int, is_bias: bool) -> None:
+        if is_bias:
+            self.bias, self.bias_t = self.bias + numel, self.bias_t + 1
+        else:  # norms and anything else that is not quantized
+            self.norm, self.norm_t = self.norm + numel, self.norm_t + 1
+
+    def shape(self, base: ModelShape, source: str) -> ModelShape:
+        return ModelShape(
+            family=base.family, hidden=base.hidden, intermediate=base.intermediate, layers=base.layers,
+            heads=base.heads, kv_heads=base.kv_heads, head_dim=base.head_dim, vocab=base.vocab,
+            tied=self.lm_head == 0,
+            linears=tuple(LinearGroup(k, i, o, c) for (k, i, o), c in sorted(self.linears.items())),
+            embedding_params=self.emb, lm_head_params=self.lm_head, norm_params=self.norm,
+            bias_params=self.bias, norm_tensors=self.norm_t, bias_tensors=self.bias_t, source=source,
+        )
+
+
+def shape_from_safetensors(config: dict, directory: Path) -> ModelShape | None:
+    """Exact tensor sizes from the safetensors headers of a model directory (no weights read)."""
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return None
+    base = shape_from_config(config) if _family(config) in KNOWN_FAMILIES else _generic_dims(config)
+    tally = _ParamTally()
+    for file in files:
+        for name, info in _read_safetensors_header(file).tensors.items():
+            dims = info.shape
+            if "embed_tokens" in name or name.endswith("wte.weight"):
+                tally.emb += info.numel
+            elif name.startswith("lm_head") or ".lm_head." in name:
+                tally.lm_head += info.numel
+            elif len(dims) == 2 and name.endswith(".weight"):
+                tally.linear(name.rsplit(".", 2)[-2], dims[1], dims[0])
+            else:
+                tally.other(info.numel, is_bias=name.endswith(".bias"))
+    return tally.shape(base, "safetensors")
+
+
+def _generic_dims(config: dict) -> ModelShape:
+    """Dimensions of an unknown decoder from the usual config fields (no parameter layout)."""
+    h = _require_int(config, "hidden_size")
+    heads = _require_int(config, "num_attention_heads")
+    kv_heads = _require_int(config, "num_key_value_heads", heads)
+    head_dim = _require_int({"head_dim": config.get("head_dim") or h // heads}, "head_dim")
+    return ModelShape(
+        family=_family(config) or "unknown", hidden=h,
+        intermediate=_require_int(config, "intermediate_size", 4 * h),
+        layers=_require_int(config, "num_hidden_layers"), heads=heads, kv_heads=kv_heads,
+        head_dim=head_dim, vocab=_require_int(config, "vocab_size"),
+        tied=bool(config.get("tie_word_embeddings", False)), linears=(), embedding_params=0,
+        lm_head_params=0, norm_params=0, bias_params=0, norm_tensors=0, bias_tensors=0,
+    )
+
+
+def shape_from_meta(config: dict) -> ModelShape:
+    """Unknown architecture: build it on the meta device and count (imports torch)."""
+    base = _generic_dims(config)
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError as exc:  # pragma: no cover - torch is a hard dependency
+        raise UsageError(f"unknown architecture needs torch and transformers: {exc}") from None
+    data = dict(config)
+    model_type = data.pop("model_type", None)
+    try:
+        cfg = AutoConfig.for_model(model_type, **data)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+    except Exception as exc:
+        raise UsageError(f"cannot build model_type {model_type!r} on the meta device: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    tally = _ParamTally()
+    seen: set[int] = set()
+    out_emb = model.get_output_embeddings()
+    for name, module in model.named_modules():
+        for pname, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            numel = param.numel()
+            if isinstance(module, torch.nn.Embedding):
+                tally.emb += numel
+            elif module is out_emb and pname == "weight":
+                tally.lm_head += numel
+            elif module is out_emb:
+                tally.bias += numel
+            elif isinstance(module, torch.nn.Linear) and pname == "weight":
+                tally.linear(name.rsplit(".", 1)[-1], module.in_features, module.out_features)
+            else:
+                tally.other(numel, is_bias=pname == "bias")
+    return tally.shape(base, "meta")
+
+
+def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
+    """(config dict, model directory or None) from a dict, a config.json, a directory or a
+    reference name (harness/configs/<name>.json)."""
+    if isinstance(spec, dict):
+        return dict(spec), None
+    path = Path(spec).expanduser()
+    directory = None
+    if path.is_dir():
+        directory = path
+        path = path / "config.json"
+        if not path.is_file():
+            raise UsageError(f"{directory} has no config.json")
+    elif not path.is_file():
+        ref = Path(__file__).resolve().parent / "configs" / f"{spec}.json"
+        if not ref.is_file():
+            raise UsageError(f"--config: {str(spec)!r} is neither a file, a model directory nor a "
+                             f"reference name")
+        path = ref
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a readable JSON config ({str(exc).splitlines()[0]})") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{path}: a config.json must hold a JSON object")
+    if "text_config" in config and "hidden_size" not in config:  # multimodal wrappers
+        config = dict(config["text_config"], model_type=config["text_config"].get("model_type"))
+    return config, directory
+
+
+def model_shape(spec: str | Path | dict) -> ModelShape:
+    config, directory = load_config(spec)
+    if "hidden_size" not in config:
+        raise UsageError("config has no hidden_size")
+    if directory is not None:
+        shape = shape_from_safetensors(config, directory)
+        if shape is not None:
+            return shape
+    if _family(config) in KNOWN_FAMILIES:
+        return shape_from_config(config)
+    return shape_from_meta(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+
+
+def _blocks(nbytes: float) -> int:
+    return int(math.ceil(nbytes / BLOCK) * BLOCK) if nbytes > 0 else 0
+
+
+def dtype_bytes(precision: str) -> int:
+    """Bytes of one element of the torch dtype a precision keeps unquantized tensors in."""
+    return 4 if precision == "fp32" else 2
+
+
+def quantized_linear_bytes(in_features: int, out_features: int, precision: str) -> int:
+    """Device bytes of one nn.Linear weight at `precision`, quant state included."""
+    n = in_features * out_features
+    if precision in ("fp32", "fp16", "bf16"):
+        return _blocks(n * dtype_bytes(precision))
+    if precision == "int8":  # Int8Params: CB int8 (the data itself) + SCB float32 per output row
+        return _blocks(n) + _blocks(4 * out_features)
+    nblocks = math.ceil(n / 64)
+    packed = _blocks(math.ceil(n / 2))
+    code = _blocks(16 * 4)  # the 16-value NF4/FP4 code table, one per quant state
+    if precision.endswith("-dq"):
+        nested = math.ceil(nblocks / 256)
+        # absmax as uint8, nested absmax float32, the 256-entry dynamic code, the float32 offset
+        return packed + _blocks(nblocks) + _blocks(4 * nested) + _blocks(256 * 4) + _blocks(4) + code
+    return packed + _blocks(4 * nblocks) + code
+
+
+def weight_breakdown(shape: ModelShape, precision: str, train_prepared: bool = False) -> dict[str, int]:
+    """Bytes by module kind. `train_prepared`: after prepare_model_for_kbit_training (every
+    non-4-bit floating parameter cast to float32)."""
+    other = 4 if (train_prepared and precision not in ("fp16", "bf16")) else dtype_bytes(precision)
+    linear_precision = precision
+    if train_prepared and precision == "int8":
+        linear_precision = "int8"
+    out: dict[str, int] = {}
+    for g in shape.linears:
+        out[f"linear.{g.kind}"] = out.get(f"linear.{g.kind}", 0) + g.count * quantized_linear_bytes(
+            g.in_features, g.out_features, linear_precision)
+    out["embeddings"] = _blocks(shape.embedding_params * other)
+    out["lm_head"] = _blocks(shape.lm_head_params * other)
+    per_norm = shape.norm_params / max(shape.norm_tensors, 1)
+    out["norms"] = shape.norm_tensors * _blocks(per_norm * other)
+    per_bias = shape.bias_params / max(shape.bias_tensors, 1)
+    out["biases"] = shape.bias_tensors * _blocks(per_bias * other)
+    out["rotary"] = shape.layers and _blocks(shape.head_dim // 2 * 4)  # inv_freq buffer, float32
+    return out
+
+
+def weight_bytes(shape: ModelShape, precision: str, train_prepared: bool = False) -> int:
+    return sum(weight_breakdown(shape, precision, train_prepared).values())
+
+
+def kv_cache_bytes(shape: ModelShape, precision: str, batch: int, tokens: int) -> int:
+    per_layer = 2 * _blocks(shape.kv_heads * shape.head_dim * dtype_bytes(precision) * batch * tokens)
+    return shape.layers * per_layer
+
+
+def lora_params(shape: ModelShape, r: int, targets: Iterable[str]) -> int:
+    wanted = set(targets)
+    return sum(g.count * r * (g.in_features + g.out_features) for g in shape.linears
+               if g.kind in wanted or ("qkv_proj" == g.kind and wanted & {"q_proj", "k_proj", "v_proj"})
+               or ("gate_up_proj" == g.kind and wanted & {"gate_proj", "up_proj"}))
+
+
+# ---------------------------------------------------------------------------------------------
+# Transient terms, fitted to measurements (see suites/vram/measured/ and harness/memory/matrix.py).
+# Each entry maps a feature name to its coefficient; features are defined in _features().
+# Group keys: "fp32", "half" (fp16/bf16), "int8", "4bit" (nf4, fp4, with or without -dq).
+
+CALIBRATION: dict[str, dict[str, float]] = {
+    "weights/fp32": {},
+    "weights/half": {"tied_emb_src": 0.0002692, "largest_linear_src": 0.0069},
+    "weights/int8": {"tied_emb_src": 0.002656, "largest_linear_src": 1.715},
+    "weights/4bit": {"largest_linear_src": 1.078},
+    "prefill/fp32": {"const": 37280000.0, "tok_i": 0.06312, "tok_qkv": 5.187, "scores": 2.273},
+    "prefill/half": {"const": 34530000.0, "tok_h": 3.995, "tok_i": 3.001},
+    "prefill/int8": {"const": 35860000.0, "tok_h": 4.712, "tok_i": 4.956},
+    "prefill/4bit": {"const": 44650000.0, "tok_h": 4.65, "tok_i": 2.827},
+    "train/half/gc": {"const": 23060000.0, "L_tok_h": 0.2995, "tok_h": 12.08, "tok_v": 6.928},
+    "train/half/nogc": {"const": 1869000.0, "L_tok_h": 21.39, "L_tok_i": 5.233, "L_tok_qkv": 0.7051, "tok_v": 7.185},
+    "train/4bit/gc": {"L_tok_h": 1.708, "tok_v": 6.751, "scores": 2.1},
+    "train/4bit/nogc": {"const": 2216000.0, "L_tok_h": 12.78, "L_tok_i": 3.996, "L_tok_qkv": 0.4563, "L_scores": 1.023, "tok_v": 8.163},
+}
+
+
+def precision_group(precision: str) -> str:
+    if precision == "fp32":
+        return "fp32"
+    if precision in ("fp16", "bf16"):
+        return "half"
+    if precision == "int8":
+        return "int8"
+    return "4bit"
+
+
+def _features(shape: ModelShape, precision: str, batch: int, seq: int, act_bytes: int,
+              lora_r: int = 0, n_targets: int = 0) -> dict[str, float]:
+    tok = batch * seq
+    largest_tensor = max(shape.largest_linear, shape.embedding_params)
+    f = {
+        "const": 1.0,
+        "tok_h": tok * shape.hidden * act_bytes,
+        "tok_i": tok * shape.intermediate * act_bytes,
+        "tok_qkv": tok * shape.qkv_width * act_bytes,
+        "tok_v": tok * shape.vocab * 2,  # in bf16-element units (2 bytes)
+        "tok_r": tok * lora_r * n_targets * 4,
+        "largest_linear_act": shape.largest_linear * 2,  # a dequantized weight in the compute dtype
+        "largest_linear_src": shape.largest_linear * 2,  # the bf16 checkpoint tensor
+        "largest_tensor_src": largest_tensor * 2,
+        # torch's SDPA has no fused fp32 kernel with enable_gqa (flash is half-only, the
+        # memory-efficient kernel refuses GQA), so fp32 GQA attention falls back to the math
+        # kernel and materialises batch x heads x seq x seq scores. MHA in fp32 stays fused.
+        "scores": (batch * shape.heads * seq * seq * act_bytes
+                   if act_bytes == 4 and shape.kv_heads < shape.heads else 0),
+        "tied_emb_src": shape.embedding_params * 2 if shape.tied else 0,
+    }
+    for key in ("tok_h", "tok_i", "tok_qkv", "tok_r", "scores"):
+        f["L_" + key] = f[key] * shape.layers
+    return f
+
+
+def _transient(key: str, feats: dict[str, float], calibration: dict | None = None) -> int:
+    coeffs = (calibration if calibration is not None and key in calibration else CALIBRATION).get(key, {})
+    return int(sum(c * feats.get(name, 0.0) for name, c in coeffs.items()))
+
+
+def calibration_key(q: "Query") -> str:
+    group = precision_group(q.precision)
+    if q.mode == "train":
+        group = "4bit" if group in ("int8", "4bit") else ("fp32" if group == "fp32" else "half")
+        if group == "fp32":
+            group = "half"
+        return f"train/{group}/{'gc' if q.grad_checkpointing else 'nogc'}"
+    if q.mode == "generate":
+        return f"prefill/{group}"
+    return f"{q.mode}/{group}"
+
+
+def features_for(shape: "ModelShape", q: "Query") -> dict[str, float]:
+    """The features the calibration key of `q` multiplies (as estimate() computes them)."""
+    quantized = precision_group(q.precision) in ("int8", "4bit")
+    act = (4 if (quantized or q.precision == "fp32") else 2) if q.mode == "train" else dtype_bytes(q.precision)
+    return _features(shape, q.precision, q.batch, q.seq_len, act, q.lora_r if q.mode == "train" else 0,
+                     len(q.lora_targets) if q.mode == "train" else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The estimate
+
+
+@dataclass
+class Estimate:
+    precision: str
+    mode: str
+    seq_len: int
+    batch: int
+    peak_bytes: int
+    breakdown: dict[str, Any]
+    new_tokens: int | None = None
+    lora_r: int | None = None
+    lora_targets: list[str] | None = None
+    grad_checkpointing: bool | None = None
+    params: int = 0
+    source: str = "config"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Query:
+    precision: str
+    mode: str
+    seq_len: int = 512
+    batch: int = 1
+    new_tokens: int = 64
+    lora_r: int = 16
+    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    grad_checkpointing: bool = True
+
+
+def validate(q: Query) -> None:
+    if q.precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {q.precision!r} (choose from {', '.join(PRECISIONS)})")
+    if q.mode not in MODES:
+        raise UsageError(f"unknown mode {q.mode!r} (choose from {', '.join(MODES)})")
+    for name in ("seq_len", "batch", "lora_r"):
+        value = getattr(q, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UsageError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    if not isinstance(q.new_tokens, int) or q.new_tokens < 0:
+        raise UsageError(f"new-tokens must be >= 0, got {q.new_tokens!r}")
+
+
+def estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> Estimate:
+    """Predicted peak for one query. `calibration` overrides CALIBRATION entries (for fitting)."""
+    validate(q)
+    p, group = q.precision, precision_group(q.precision)
+    act = dtype_bytes(p)
+    if q.mode == "train":
+        return _estimate_train(shape, q, calibration)
+    wb = weight_breakdown(shape, p)
+    weights = sum(wb.values())
+    breakdown: dict[str, Any] = {"weights": weights, "weights_by_kind": wb}
+    feats = _features(shape, p, q.batch, q.seq_len, act)
+    if q.mode == "weights":
+        load = _transient(f"weights/{group}", feats, calibration)
+        breakdown["loading_transient"] = load
+        peak = weights + load
+        return Estimate(p, q.mode, q.seq_len, q.batch, peak, breakdown, params=shape.total_params,
+                        source=shape.source)
+    kv_prefill = kv_cache_bytes(shape, p, q.batch, q.seq_len)
+    logits = _blocks(q.batch * shape.vocab * act) + _blocks(q.batch * shape.vocab * 4)
+    transient = _transient(f"prefill/{group}", feats, calibration)
+    prefill_peak = weights + kv_prefill + transient + logits
+    breakdown.update(kv_cache=kv_prefill, activations=transient, logits=logits)
+    peak = prefill_peak
+    if q.mode == "generate":
+        total = q.seq_len + q.new_tokens
+        kv_final = kv_cache_bytes(shape, p, q.batch, total)
+        one_layer = kv_final // max(shape.layers, 1)  # torch.cat holds old + new of one layer
+        dfeats = _features(shape, p, q.batch, 1, act)
+        decode_peak = weights + kv_final + one_layer + _transient(f"prefill/{group}", dfeats, calibration) + logits
+        breakdown.update(kv_cache=kv_final, decode_peak=decode_peak, prefill_peak=prefill_peak)
+        peak = max(prefill_peak, decode_peak)
+    return Estimate(p, q.mode, q.seq_len, q.batch, int(peak), breakdown, new_tokens=q.new_tokens
+                    if q.mode == "generate" else None, params=shape.total_params, source=shape.source)
+
+
+def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None) -> Estimate:
+    p, group = q.precision, precision_group(q.precision)
+    quantized = group in ("int8", "4bit")
+    wb = weight_breakdown(shape, p, train_prepared=quantized)
+    weights = sum(wb.values())
+    n_lora = lora_params(shape, q.lora_r, q.lora_targets)
+    # fp32 LoRA weights + gradients + two AdamW states, each its own set of allocations
+    n_lora_tensors = 2 * sum(g.count for g in shape.linears if g.kind in set(q.lora_targets))
+    adapter = 4 * _blocks(4 * n_lora / max(n_lora_tensors, 1)) * n_lora_tensors if n_lora else 0
+    # activations: fp32 after prepare_model_for_kbit_training (fp32 norms upcast the stream)
+    feats = features_for(shape, q)
+    key = calibration_key(q)
+    transient = _transient(key, feats, calibration)
+    table = calibration if calibration is not None and key in calibration else CALIBRATION
+    loss = int(feats["tok_v"] * table.get(key, {}).get("tok_v", 0.0))
+    breakdown = {"weights": weights, "weights_by_kind": wb, "adapter_grads_optimizer": adapter,
+                 "lora_params": n_lora, "activations": transient - loss, "loss_logits": loss}
+    peak = weights + adapter + transient
+    return Estimate(p, "train", q.seq_len, q.batch, int(peak), breakdown, lora_r=q.lora_r,
+                    lora_targets=list(q.lora_targets), grad_checkpointing=q.grad_checkpointing,
+                    params=shape.total_params, source=shape.source)
+
+
+def estimate_many(spec: str | Path | dict | ModelShape, queries: Iterable[Query]) -> list[Estimate]:
+    shape = spec if isinstance(spec, ModelShape) else model_shape(spec)
+    return [estimate(shape, q) for q in queries]
+
+
+def accelerate_style_bytes(shape: ModelShape, precision: str) -> int:
+    """The anchor: accelerate's estimate-memory (all parameters at fp32 size, divided by 1/2/4/8
+    for float32 / half / int8 / int4), independent of mode and length."""
+    divisor = {"fp32": 1, "fp16": 2, "bf16": 2, "int8": 4}.get(precision, 8)
+    return shape.total_params * 4 // divisor

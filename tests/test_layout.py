@@ -1,0 +1,200 @@
+"""The shape of the library: no import cycles, imports point down the layers, no pytest outside the plugin.
+
+Layers, top to bottom: the entry points (``commands``, ``plugin``, ``__main__``), the capability
+packages (hw, memory, nan, modeldir, quant, serving, fleet, report), and the shared leaf modules.
+Every import counts, also those inside functions: a lazy import still makes a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import harness
+
+LIBRARY = Path(harness.__file__).resolve().parent
+LEAVES = {"settings", "models", "units", "atomic", "errors", "env"}
+ENTRY_POINTS = {"commands", "plugin", "__main__"}
+ALIASES = {"nan_guard", "estimate"}  # old import paths kept as thin re-exports
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST):
+    """Every Import/ImportFrom node, except those under `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the modules of the same top-level package it imports (anywhere in its body)."""
+    top = root.name
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                # `from pkg import sub` imports the submodule pkg.sub when there is one
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            for target in targets:
+                while target and target not in files and "." in target:
+                    target = target.rpartition(".")[0]
+                if target in files and target.split(".")[0] == top and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a list of names (first == last), or None."""
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def unit(module: str) -> str:
+    """The layer unit a module belongs to: a capability package, an entry point or a leaf module."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "harness"
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    units: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        src = unit(module)
+        units.setdefault(src, set())
+        for target in targets:
+            dst = unit(target)
+            if dst != src and dst not in LEAVES and src not in ALIASES:
+                units[src].add(dst)
+    return units
+
+
+def test_no_import_cycle_between_modules():
+    assert find_cycle(import_graph(LIBRARY)) is None, " -> ".join(find_cycle(import_graph(LIBRARY)))
+
+
+def test_no_import_cycle_between_capability_packages():
+    cycle = find_cycle(package_graph(import_graph(LIBRARY)))
+    assert cycle is None, "packages import each other: " + " -> ".join(cycle)
+
+
+def test_imports_point_down_the_layers():
+    wrong = []
+    for module, targets in import_graph(LIBRARY).items():
+        src = unit(module)
+        for target in targets:
+            dst = unit(target)
+            if src in LEAVES and dst not in LEAVES:
+                wrong.append(f"leaf module {module} imports {target}")
+            elif src not in ENTRY_POINTS and dst in ENTRY_POINTS:
+                wrong.append(f"{module} imports the entry point {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_library_never_imports_pytest():
+    offenders = []
+    for path in LIBRARY.rglob("*.py"):
+        if module_name(path, LIBRARY) == "harness.plugin":
+            continue
+        for node in _imports(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(n == "pytest" or n.startswith(("pytest.", "_pytest")) for n in names):
+                offenders.append(str(path.relative_to(LIBRARY.parent)))
+    assert not offenders, f"pytest imported outside harness/plugin.py: {offenders}"
+
+
+def test_every_capability_package_says_what_it_answers():
+    for init in LIBRARY.glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc.strip()) > 40, f"{init.parent.name}/__init__.py needs a docstring"
+
+
+def test_old_import_paths_still_work():
+    from harness import estimate, nan_guard
+    from harness.memory import estimate as new_estimate
+    from harness.nan import guard
+
+    assert estimate.estimate is new_estimate.estimate
+    assert nan_guard.TrainingGuard is guard.TrainingGuard
+
+
+# The checker itself must be able to fail: a package with a cycle hidden in a lazy import.
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_checker_finds_a_cycle_through_a_lazy_import(tmp_path):
+    pkg = _write(tmp_path / "toy", {
+        "__init__.py": "",
+        "a.py": "from .b import thing\n",
+        "b.py": "def thing():\n    from . import a\n    return a\n",
+        "c/__init__.py": "from ..a import thing\n",
+    })
+    assert find_cycle(import_graph(pkg)) == ["toy.a", "toy.b", "toy.a"]
+
+
+def test_checker_finds_a_package_cycle_and_ignores_type_checking(tmp_path):
+    pkg = _write(tmp_path / "toy", {
+        "__init__.py": "",
+        "memory/__init__.py": "",
+        "memory/plan.py": "from ..serving.launcher import start\n",
+        "serving/__init__.py": "",
+        "serving/launcher.py": "import toy.memory.plan\ndef start(): pass\n",
+        "nan/__init__.py": "",
+        "nan/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..memory import plan\n",
+    })
+    graph = import_graph(pkg)
+    assert "toy.memory.plan" not in graph["toy.nan.x"]
+    assert find_cycle(graph) == ["toy.memory.plan", "toy.serving.launcher", "toy.memory.plan"]
+    assert find_cycle(package_graph(graph)) == ["memory", "serving", "memory"]
