@@ -29,6 +29,7 @@ MARKERS = {
     "bnb": "needs bitsandbytes with a working native library",
     "vllm": "needs a vLLM interpreter (--vllm-python) or a running server (--endpoint)",
     "slow": "takes more than a few seconds",
+    "destructive": "crashes, kills, overloads past failure or restarts a server: only on servers the harness started",
 }
 OPTION_NAMES = ("model", "device", "vram_budget", "precisions", "expect_gpu", "report_dir",
                 "vllm_python", "baseline_vllm_python", "endpoint", "baseline", "hw_level")
@@ -171,6 +172,8 @@ def _marker_verdict(names: set[str], settings, environment) -> tuple[str, str] |
         problem = models.bitsandbytes_problem()
         if problem:
             return "skip", problem
+    if "destructive" in names and settings.endpoint:
+        return "skip", "destructive: never run against --endpoint, a server the harness did not start"
     if "vllm" in names and not settings.endpoint and environment.vllm.error:
         if settings.vllm_python_explicit:
             return "fail", f"--vllm-python: {environment.vllm.error}"

@@ -37,7 +37,8 @@ class Settings:
     vllm_python: Path | None = None
     vllm_python_explicit: bool = False  # given by the user: absence is a failure, not a skip
     baseline_vllm_python: Path | None = None
-    endpoint: str | None = None
+    endpoint: str | None = None  # base URL, without a trailing /v1
+    served_model: str | None = None  # with --endpoint: --model as the name the server serves
     baseline: Path | None = None
     hw_level: str = "quick"
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
@@ -90,12 +91,18 @@ def _resolve_model(value: str | None) -> str | None:
     return str(path.resolve())
 
 
+def parse_endpoint(value: str, flag: str = "--endpoint") -> str:
+    """An OpenAI-compatible base URL, with or without the SDK's trailing /v1 -> without it."""
+    text = value.strip()
+    if not re.match(r"^https?://[^\s/?#]+(/[^\s?#]*)?$", text):
+        raise UsageError(f"{flag}: {value!r} is not an http(s) base URL (e.g. http://127.0.0.1:8000 or "
+                         "http://127.0.0.1:8000/v1)")
+    text = text.rstrip("/")
+    return text[:-3] if text.endswith("/v1") else text
+
+
 def _resolve_endpoint(value: str | None) -> str | None:
-    if not value:
-        return None
-    if not re.match(r"^https?://[^\s/]+", value):
-        raise UsageError(f"--endpoint: {value!r} is not an http(s) URL (e.g. http://127.0.0.1:8000)")
-    return value.rstrip("/")
+    return parse_endpoint(value) if value else None
 
 
 def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
@@ -131,8 +138,16 @@ def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
     if report_dir.exists() and not report_dir.is_dir():
         raise UsageError(f"--report-dir: {str(report_dir)!r} is not a directory")
 
+    endpoint = _resolve_endpoint(options.get("endpoint"))
+    model, served_model = options.get("model"), None
+    if endpoint and model:
+        # --model names the served model; a local directory of that name also gives its tokenizer.
+        served_model = model
+        path = Path(model).expanduser()
+        local = model in reference_names() or model.startswith("tiny-") or (path / "config.json").is_file()
+        model = model if local else None
     return Settings(
-        model=_resolve_model(options.get("model")),
+        model=_resolve_model(model),
         device=device,
         vram_budget=vram_budget,
         precisions=parse_precisions(options.get("precisions")),
@@ -141,7 +156,8 @@ def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
         vllm_python=vllm_python,
         vllm_python_explicit=explicit,
         baseline_vllm_python=baseline_vllm_python,
-        endpoint=_resolve_endpoint(options.get("endpoint")),
+        endpoint=endpoint,
+        served_model=served_model,
         baseline=baseline,
         hw_level=hw_level,
     )

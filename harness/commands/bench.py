@@ -1,12 +1,13 @@
 """`python -m harness bench`: load an OpenAI-compatible endpoint, write results JSON (schema 1).
 
-Exit 0 when every request succeeded and the token counts agree, 1 otherwise (the results file is
-written either way, after every run), 2 on bad usage.
+Exit 0 when every request succeeded, the prompts had the requested length and the token counts
+agree; 1 otherwise (the results file is written either way, after every run; a run whose prompt
+lengths missed the request marks the file invalid and ends the bench); 2 on bad usage; 130 on
+Ctrl-C, after writing what finished.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def parse_slo(text: str | None):
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--endpoint", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--endpoint", required=True,
+                        help="base URL of the server, with or without /v1, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--model", required=True, help="model name as the server knows it")
     parser.add_argument("--concurrency", default=None,
                         help="closed-loop concurrency levels, comma list (default 1); with --request-rate, the cap on requests in flight (default none)")
@@ -52,7 +54,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--input-len", type=int, required=True, help="prompt tokens (exact with a tokenizer)")
     parser.add_argument("--output-len", type=int, required=True, help="output tokens (ignore_eos, min_tokens = max_tokens)")
     parser.add_argument("--prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model when it is a local directory)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer directory (default: --model when it is a local directory; else the "
+                             "server's own tokenizer through POST /tokenize, else probe requests' usage)")
+    parser.add_argument("--prompt-calibration", default="auto",
+                        choices=("auto", "tokenizer", "server-tokenize", "usage-probes"),
+                        help="how prompts of --input-len tokens are built (default auto: the first that works "
+                             "of tokenizer, server-tokenize, usage-probes)")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
     parser.add_argument("--ramp-up", type=float, default=0.0,
                         help="closed loop: spread the first sends of the slots over this many seconds (default 0: one burst)")
@@ -63,15 +71,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-requests", action="store_true", help="leave per-request raw events out of the JSON")
     parser.add_argument("--out", required=True, help="results JSON to write")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no per-run progress lines")
 
 
 def run(args) -> int:
     from ..serving.client import Target
     from ..serving.runner import BenchConfig, run_bench
     from ..serving.workload import Workload, tokenizer_dir_for
-    endpoint = args.endpoint.rstrip("/")
-    if not re.match(r"^https?://[^\s/]+$", endpoint):
-        raise UsageError(f"--endpoint: {args.endpoint!r} is not a base URL like http://127.0.0.1:8000")
+    from ..settings import parse_endpoint
+
+    endpoint = parse_endpoint(args.endpoint)
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
     if args.ramp_up < 0:
@@ -97,12 +106,21 @@ def run(args) -> int:
         tokenizer_dir=tokenizer_dir_for(args.model, args.tokenizer),
         out=out,
         keep_requests=not args.no_requests,
+        quiet=args.quiet,
+        prompt_calibration=args.prompt_calibration,
     )
-    data = run_bench(cfg)
+    try:
+        data = run_bench(cfg)
+    except KeyboardInterrupt:
+        where = f"partial results in {out}" if out.is_file() else "nothing was written (no run had started)"
+        print(f"harness bench: interrupted; {where}", file=sys.stderr)
+        return 130
     failed = sum(r["requests_failed"] for r in data["runs"])
     total = sum(r["requests_ok"] + r["requests_failed"] for r in data["runs"])
     disagree = [f for r in data["runs"] for f in r["token_accounting"]["findings"]]
     print(f"wrote {out}", file=sys.stderr)
+    if not data.get("valid", True):
+        raise CheckFailed(f"invalid run, marked so in {out}: {data['invalid_reasons'][0]}")
     if failed:
         errors: dict[str, int] = {}
         for r in data["runs"]:

@@ -1,7 +1,8 @@
 """`python -m harness compare BASELINE.json CANDIDATE.json`: exit 1 on a regression beyond noise.
 
 Exit 0: nothing regressed; 1: a table naming what regressed; 2: the two cannot be compared
-(different config fingerprints, too few repeated runs, unreadable files), said in one line.
+(different config fingerprints, too few repeated runs, a file marked invalid, the same file twice,
+a file that is not valid bench results), said in one line.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ def add_arguments(parser) -> None:
                         help="fingerprint fields allowed to differ, e.g. server_version for an upgrade rehearsal "
                              "(fields: model, flags, workload, hardware, server_version, api)")
     parser.add_argument("--min-repeats", type=int, default=3, help="runs per level required on each side (default 3)")
+    parser.add_argument("--policy", choices=("harness", "vllm-ci"), default="harness",
+                        help="harness (default): 95%% interval over runs past the threshold, after what the client "
+                             "measured of its own delays; vllm-ci: vLLM CI's rule, median of runs, latency > 1.20x "
+                             "or throughput < 0.80x")
     parser.add_argument("--json", dest="json_out", default=None, help="also write the comparison as JSON here")
 
 
@@ -35,9 +40,15 @@ def run(args) -> int:
         raise UsageError(f"--allow-diff: unknown field {', '.join(unknown)} (fields: {', '.join(FINGERPRINT_FIELDS)})")
     if args.min_repeats < 1:
         raise UsageError("--min-repeats must be at least 1")
+    if args.threshold and args.policy == "vllm-ci":
+        raise UsageError("--threshold does not apply to --policy vllm-ci (its thresholds are fixed: 1.20x, 0.80x)")
     thresholds = cmp.parse_thresholds(args.threshold)
+    twice = results.same_results([args.baseline, args.candidate])
+    if twice:
+        raise UsageError(f"{twice[0]} and {twice[1]} are the same results: compare a baseline with a new run")
     baseline, candidate = results.load(args.baseline), results.load(args.candidate)
-    result = cmp.compare(baseline, candidate, thresholds=thresholds, allow=allow, min_repeats=args.min_repeats)
+    result = cmp.compare(baseline, candidate, thresholds=thresholds, allow=allow, min_repeats=args.min_repeats,
+                         policy=args.policy)
     print(cmp.format_table(result))
     if args.json_out:
         write_atomic(args.json_out, result.to_json() | {"baseline": args.baseline, "candidate": args.candidate})

@@ -23,7 +23,14 @@ def run(args) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise UsageError(f"--out: {args.out!r} is a directory")
+    twice = results.same_results(list(args.results))
+    if twice:
+        raise UsageError(f"{twice[0]} and {twice[1]} are the same results: give each file once")
     datas = [results.load(p) for p in args.results]
+    for path, data in zip(args.results, datas):
+        if data.get("valid") is False:
+            print(f"harness report: warning: {path} is marked invalid: {(data.get('invalid_reasons') or ['?'])[0]}",
+                  file=sys.stderr)
     comparison = None
     if args.compare:
         if len(datas) != 2:

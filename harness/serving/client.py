@@ -23,6 +23,8 @@ from typing import Callable, Sequence
 
 import aiohttp
 
+from . import hostload
+
 FAILURE_CLASSES = ("http_4xx", "http_5xx", "error_frame", "no_done", "no_content", "timeout", "connection")
 
 
@@ -34,6 +36,8 @@ class RequestSpec:
     input_tokens: int  # by the client's tokenizer, special tokens included as the server adds them
     output_tokens: int  # max_tokens = min_tokens
     seed: int | None = None  # a per-request sampling seed (off by default: see request_body)
+    requested_input_tokens: int = 0  # what the workload asked for (--input-len); 0: not asked
+    temperature: float = 1.0  # see request_body; 0 (greedy) where a test needs reproducible text
 
 
 @dataclass
@@ -51,8 +55,9 @@ class RequestRecord:
     error_detail: str | None = None
     prompt_tokens: int | None = None  # server usage
     completion_tokens: int | None = None
-    expected_input_tokens: int = 0
+    expected_input_tokens: int = 0  # counted by a tokenizer before sending (0: not counted)
     expected_output_tokens: int = 0
+    requested_input_tokens: int = 0
     finish_reason: str | None = None
     output_text: str = ""
 
@@ -90,6 +95,7 @@ class LoadResult:
     loop_lag_s: list[float]
     started_wall: float  # time.time() at the run's start, to line up with server samples
     duration_s: float  # first send to last end
+    host: dict = field(default_factory=dict)  # hostload.delta over the run: CPU starvation the client saw
 
 
 @dataclass
@@ -112,7 +118,7 @@ def request_body(target: Target, spec: RequestSpec) -> dict:
         # per-request seed by default: vLLM 0.31.0's CPU build kills its engine when a seeded
         # request's prefill is chunked ("CPU Generator does not use offset").
         # ignore_eos, min_tokens and skip_special_tokens are vLLM's extensions of the OpenAI API.
-        "temperature": 1.0,
+        "temperature": spec.temperature,
         "skip_special_tokens": False,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -152,6 +158,7 @@ async def send_one(
     loop = asyncio.get_running_loop()
     path = "/v1/chat/completions" if target.api == "chat" else "/v1/completions"
     record.expected_input_tokens = spec.input_tokens
+    record.requested_input_tokens = spec.requested_input_tokens
     record.expected_output_tokens = spec.output_tokens
     done = False
     pieces: list[str] = []
@@ -329,6 +336,7 @@ async def run_load(
     gc.disable()
     clock["t0"] = loop.time()
     started_wall = time.time()
+    cpu_before = hostload.snapshot()
     probe = asyncio.create_task(_probe_loop_lag(lag_samples, stop))
     go.set_result(None)
     try:
@@ -338,6 +346,7 @@ async def run_load(
             task.cancel()
         stop.set()
         await probe
+        host = hostload.delta(cpu_before, hostload.snapshot())
         if gc_was_enabled:
             gc.enable()
         if own_session:
@@ -347,4 +356,5 @@ async def run_load(
         duration = max(r.end_s for r in records) - min(r.sent_s for r in records)
     else:
         duration = 0.0
-    return LoadResult(records=records, loop_lag_s=lag_samples, started_wall=started_wall, duration_s=duration)
+    return LoadResult(records=records, loop_lag_s=lag_samples, started_wall=started_wall, duration_s=duration,
+                      host=host)

@@ -1,25 +1,37 @@
-"""Compare two bench results with a noise model; say which metric regressed, by how much.
+"""Compare two bench results; say which metric regressed, by how much, and how sure that is.
 
-Noise model: a two-level (hierarchical) bootstrap. Each resample draws runs with replacement, then
-requests with replacement inside each drawn run, so both run-to-run drift and request-to-request
-spread widen the interval. Latency statistics (p50, mean, p99 of per-request TTFT, TPOT, E2E) come
-from the pooled resampled requests; throughputs from the mean over resampled runs. The change is
-candidate / baseline - 1 with a 95% percentile interval over the paired resample ratios.
+Two policies.
 
-A metric regresses only when the whole 95% interval lies beyond its threshold: we are confident
-it got worse by more than the threshold. A point estimate beyond the threshold with an interval
-that straddles it is "inconclusive" (too noisy to say; exit 0, shown in the table), so noise alone
-never fails the gate and a real slowdown of a few times always does. Comparing needs at least `min_repeats` runs per
-level on each side, and equal config fingerprints (model, flags, workload, hardware, versions)
-unless a differing field is explicitly allowed (an upgrade rehearsal allows server_version).
+``harness`` (default): runs are the unit. Every run gives one value per metric (its throughput,
+its TTFT p50, ...). The change is the ratio of the two sides' geometric means, with a 95% Welch t
+interval on the log values: right for the 3-5 runs a CI job affords, where a percentile bootstrap
+of three values is both granular and too narrow. A metric regresses when the whole interval lies
+beyond its threshold, and still does once what the client itself measured is taken off:
+
+- the client's own share of each request's time (schedule lag, and the event-loop lag by which it
+  noticed each end late) lowers closed-loop throughput by about that share, and the loop lag
+  makes every latency it times late by about that much;
+- the machine's CPU pressure (PSI "some": the share of time a runnable task waited for a CPU)
+  slows a server that shares the cores.
+
+When the candidate's side was more starved than the baseline's by enough to explain the change,
+the verdict is "inconclusive (client-bound)", not "regressed" (and symmetrically for
+"improved"). A point estimate past the threshold whose interval is not is "inconclusive". A metric
+that cannot be measured (TPOT of 1-token outputs, non-positive or missing values) is listed as
+such, never given an interval.
+
+``vllm-ci``: vLLM's own alerting rule (pytorch test-infra dashboards): the median over runs of each
+side; a latency regresses above 1.20x, a throughput below 0.80x. No interval, no noise model.
+
+Both refuse (exit 2) results whose config fingerprints differ (model, flags, workload, hardware,
+versions) unless the field is allowed, results marked invalid by bench, and too few runs per level.
 """
 
 from __future__ import annotations
 
 import math
-import random
+import statistics
 from dataclasses import dataclass, asdict
-from typing import Callable
 
 from ..errors import UsageError
 from .results import FINGERPRINT_FIELDS, fingerprint
@@ -38,6 +50,14 @@ DEFAULT_THRESHOLDS = {
     "ttft_p50": 0.20, "ttft_mean": 0.20, "ttft_p99": 0.50, "tpot_p50": 0.20, "e2e_p50": 0.20,
     "output_throughput": 0.10, "request_throughput": 0.10,
 }
+POLICIES = ("harness", "vllm-ci")
+VLLM_CI_LATENCY_RATIO = 1.20  # candidate / baseline above this: regressed
+VLLM_CI_THROUGHPUT_RATIO = 0.80  # below this: regressed
+
+# Two-sided 95% Student t quantiles; Welch's fractional df is interpolated in 1/df.
+_T975 = ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (6, 2.447), (7, 2.365), (8, 2.306),
+         (9, 2.262), (10, 2.228), (12, 2.179), (15, 2.131), (20, 2.086), (30, 2.042), (60, 2.000),
+         (120, 1.980), (math.inf, 1.960))
 
 
 class RefusedComparison(UsageError):
@@ -48,14 +68,17 @@ class RefusedComparison(UsageError):
 class MetricChange:
     level: str
     metric: str
-    baseline: float
-    candidate: float
-    change: float  # candidate / baseline - 1
-    ci_low: float
-    ci_high: float
+    baseline: float | None
+    candidate: float | None
+    change: float | None  # candidate / baseline - 1
+    ci_low: float | None
+    ci_high: float | None
     threshold: float
     higher_is_worse: bool
-    verdict: str  # regressed | improved | inconclusive | worse/better, within threshold | unchanged
+    verdict: str  # regressed | improved | inconclusive | inconclusive (client-bound) | worse/better,
+    # within threshold | unchanged | not measured (...)
+    client_margin: float = 0.0  # the change the client's own measured delays could explain
+    note: str = ""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -67,9 +90,10 @@ class Comparison:
     behaviours: list[str]  # failures, token disagreements, metric names that appeared or vanished
     allowed_differences: dict[str, tuple]
     regressed: bool
+    policy: str = "harness"
 
     def to_json(self) -> dict:
-        return {"changes": [c.to_json() for c in self.changes], "behaviours": self.behaviours,
+        return {"policy": self.policy, "changes": [c.to_json() for c in self.changes], "behaviours": self.behaviours,
                 "allowed_differences": {k: list(v) for k, v in self.allowed_differences.items()},
                 "regressed": self.regressed}
 
@@ -88,8 +112,8 @@ def parse_thresholds(text: str | None) -> dict[str, float]:
             thresholds[key] = float(value[:-1]) / 100 if value.endswith("%") else float(value)
         except ValueError:
             raise UsageError(f"--threshold: {item!r} needs a number such as 10%") from None
-        if thresholds[key] < 0:
-            raise UsageError(f"--threshold: {item!r} must not be negative")
+        if not 0 <= thresholds[key] < 100 or thresholds[key] != thresholds[key]:
+            raise UsageError(f"--threshold: {item!r} must be a share between 0% and 10000%")
     return thresholds
 
 
@@ -102,45 +126,71 @@ def _level(run: dict) -> str:
     return f"rate {run['request_rate']:g}/s" if run.get("request_rate") else f"c={run['concurrency']}"
 
 
-def _per_request(run: dict, source: str) -> list[float]:
-    out = []
-    for r in run.get("requests") or []:
-        if r.get("error"):
-            continue
-        if source == "ttft_ms" and r.get("ttft_ms") is not None:
-            out.append(r["ttft_ms"])
-        elif source == "e2e_ms":
-            out.append(r["e2e_ms"])
-        elif source == "tpot_ms":
-            n = r.get("completion_tokens") or len(r.get("chunk_s") or [])
-            if r.get("ttft_ms") is not None and n >= 2:
-                out.append((r["e2e_ms"] - r["ttft_ms"]) / (n - 1))
-    return out
+def t_quantile(df: float) -> float:
+    """Two-sided 95% quantile of Student's t with `df` (>= 1, may be fractional) degrees of freedom."""
+    df = max(1.0, df)
+    for (d0, t0), (d1, t1) in zip(_T975, _T975[1:]):
+        if d0 <= df <= d1:
+            if math.isinf(d1):
+                return t0 + (t1 - t0) * (1 - d0 / df)
+            w = (1 / d0 - 1 / df) / (1 / d0 - 1 / d1)
+            return t0 + (t1 - t0) * w
+    return 1.960
 
 
-def _stat(name: str) -> Callable[[list[float]], float]:
-    from .stats import percentile
-
-    if name == "mean":
-        return lambda xs: sum(xs) / len(xs) if xs else math.nan
-    q = float(name[1:])
-    return lambda xs: percentile(xs, q)
-
-
-def _bootstrap_requests(runs: list[list[float]], stat, rng: random.Random, n: int) -> list[float]:
-    runs = [r for r in runs if r]
-    out = []
-    for _ in range(n):
-        pooled: list[float] = []
-        for _ in range(len(runs)):
-            run = runs[rng.randrange(len(runs))]
-            pooled.extend(rng.choices(run, k=len(run)))
-        out.append(stat(pooled))
-    return out
+def log_ratio_interval(base: list[float], cand: list[float]) -> tuple[float, float, float] | None:
+    """(point, low, high) of candidate/baseline - 1 from the geometric means, with a 95% Welch t
+    interval on the logs; None when a side has fewer than 2 values. Zero spread on both sides
+    gives a zero-width interval, never an invented one."""
+    lb, lc = [math.log(v) for v in base], [math.log(v) for v in cand]
+    d = statistics.fmean(lc) - statistics.fmean(lb)
+    point = math.expm1(d)
+    if len(lb) < 2 or len(lc) < 2:
+        return None
+    vb, vc = statistics.variance(lb) / len(lb), statistics.variance(lc) / len(lc)
+    se = math.sqrt(vb + vc)
+    if se == 0:
+        return point, point, point
+    df = (vb + vc) ** 2 / ((vb ** 2 / (len(lb) - 1) if vb else 0) + (vc ** 2 / (len(lc) - 1) if vc else 0))
+    half = t_quantile(df) * se
+    return point, math.expm1(d - half), math.expm1(d + half)
 
 
-def _bootstrap_runs(values: list[float], rng: random.Random, n: int) -> list[float]:
-    return [sum(rng.choices(values, k=len(values))) / len(values) for _ in range(n)]
+def _run_value(run: dict, source: str, stat: str) -> float | None:
+    value = run.get(stat) if source == "run" else (run.get(source) or {}).get(stat)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _measurable(metric: str, source: str, runs: list[dict], output_len) -> str | None:
+    """Why a metric has no meaning for these runs (None when it has)."""
+    if source == "tpot_ms" and isinstance(output_len, int) and output_len < 2:
+        return "not measured (1 output token: no time per output token)"
+    return None
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _noise(runs: list[dict], key: str) -> float:
+    """Median over runs of one client_noise figure (0 when not recorded)."""
+    values = [v for r in runs if isinstance(v := (r.get("client_noise") or {}).get(key), (int, float))
+              and not isinstance(v, bool) and math.isfinite(v)]
+    return _median(values) if values else 0.0
+
+
+def client_margins(base: list[dict], cand: list[dict], source: str, base_value: float) -> tuple[float, float]:
+    """(worse, better): how much of a worsening / an improvement the measured client delays and
+    CPU pressure could account for, as a share of the baseline value."""
+    pressure = _noise(cand, "cpu_pressure_share") - _noise(base, "cpu_pressure_share")
+    if source == "run":  # throughput: the client's own share of the slots' time
+        client = _noise(cand, "client_time_share") - _noise(base, "client_time_share")
+    else:  # latency: every timestamp is late by about the loop lag
+        lag = _noise(cand, "loop_lag_mean_ms") - _noise(base, "loop_lag_mean_ms")
+        client = lag / base_value if base_value > 0 else 0.0
+    return max(0.0, client) + max(0.0, pressure), max(0.0, -client) + max(0.0, -pressure)
 
 
 def compare(
@@ -150,10 +200,15 @@ def compare(
     thresholds: dict[str, float] | None = None,
     allow: tuple[str, ...] = (),
     min_repeats: int = 3,
-    resamples: int = 1000,
-    seed: int = 0,
+    policy: str = "harness",
 ) -> Comparison:
+    if policy not in POLICIES:
+        raise UsageError(f"--policy: {policy!r} is not one of {', '.join(POLICIES)}")
     thresholds = thresholds or dict(DEFAULT_THRESHOLDS)
+    for side, data in (("baseline", baseline), ("candidate", candidate)):
+        if data.get("valid") is False:
+            reasons = data.get("invalid_reasons") or ["marked invalid"]
+            raise RefusedComparison(f"the {side} is marked invalid by bench ({reasons[0]}): not compared")
     diffs = fingerprint_differences(baseline, candidate)
     refused = {k: v for k, v in diffs.items() if k not in allow}
     if refused:
@@ -163,62 +218,88 @@ def compare(
     base_runs, cand_runs = _by_level(baseline), _by_level(candidate)
     common = [lvl for lvl in base_runs if lvl in cand_runs]
     if not common:
-        raise RefusedComparison(f"no concurrency/rate level in common (baseline {', '.join(base_runs)}; candidate {', '.join(cand_runs)})")
+        raise RefusedComparison(f"no concurrency/rate level in common (baseline {', '.join(base_runs) or 'none'}; "
+                                f"candidate {', '.join(cand_runs) or 'none'})")
     for lvl in common:
         for side, runs in (("baseline", base_runs[lvl]), ("candidate", cand_runs[lvl])):
             if len(runs) < min_repeats:
                 raise RefusedComparison(f"{side} has {len(runs)} run(s) at {lvl}; a noise model needs at least {min_repeats} (bench --repeats {min_repeats})")
-    rng = random.Random(seed)
+    output_len = (candidate.get("workload") or {}).get("output_len")
     changes: list[MetricChange] = []
     for lvl in common:
+        b, c = base_runs[lvl], cand_runs[lvl]
         for metric, (source, stat_name, worse_up) in METRICS.items():
-            b, c = base_runs[lvl], cand_runs[lvl]
-            if source == "run":
-                bv, cv = [r[stat_name] for r in b], [r[stat_name] for r in c]
-                if not bv or not cv:
-                    continue
-                point_b, point_c = sum(bv) / len(bv), sum(cv) / len(cv)
-                boot_b, boot_c = _bootstrap_runs(bv, rng, resamples), _bootstrap_runs(cv, rng, resamples)
-            else:
-                bq, cq = [_per_request(r, source) for r in b], [_per_request(r, source) for r in c]
-                stat = _stat(stat_name)
-                if any(bq) and any(cq):
-                    point_b, point_c = stat([x for r in bq for x in r]), stat([x for r in cq for x in r])
-                    boot_b = _bootstrap_requests(bq, stat, rng, resamples)
-                    boot_c = _bootstrap_requests(cq, stat, rng, resamples)
-                else:  # no raw events kept: fall back to per-run figures
-                    bv = [r[source][stat_name] for r in b if r[source].get(stat_name) is not None]
-                    cv = [r[source][stat_name] for r in c if r[source].get(stat_name) is not None]
-                    if not bv or not cv:
-                        continue
-                    point_b, point_c = sum(bv) / len(bv), sum(cv) / len(cv)
-                    boot_b, boot_c = _bootstrap_runs(bv, rng, resamples), _bootstrap_runs(cv, rng, resamples)
-            if not point_b or math.isnan(point_b) or math.isnan(point_c):
-                continue
-            ratios = sorted(cb / bb - 1 for bb, cb in zip(boot_b, boot_c) if bb and not math.isnan(bb) and not math.isnan(cb))
-            lo = ratios[int(0.025 * (len(ratios) - 1))]
-            hi = ratios[int(0.975 * (len(ratios) - 1))]
-            change = point_c / point_b - 1
             th = thresholds.get(metric, 0.1)
-            worse = change if worse_up else -change
-            worse_lo = lo if worse_up else -hi  # the least-bad end of the interval, as worsening
-            better_lo = -hi if worse_up else lo  # the least-good end, as improvement
-            if worse_lo > th:
-                verdict = "regressed"
-            elif better_lo > th:
-                verdict = "improved"
-            elif abs(worse) > th:
-                verdict = "inconclusive"
-            elif worse_lo > 0:
-                verdict = "worse, within threshold"
-            elif better_lo > 0:
-                verdict = "better, within threshold"
+            if policy == "vllm-ci":
+                th = (VLLM_CI_LATENCY_RATIO - 1) if worse_up else (1 - VLLM_CI_THROUGHPUT_RATIO)
+            why = _measurable(metric, source, c, output_len)
+            bv = [v for r in b if (v := _run_value(r, source, stat_name)) is not None]
+            cv = [v for r in c if (v := _run_value(r, source, stat_name)) is not None]
+            if why is None and (not bv or not cv):
+                why = "not measured (no value on one side)"
+            if why is None and (min(bv) <= 0 or min(cv) <= 0):
+                why = "not measured (a zero value: nothing to take a ratio of)"
+            if why:
+                changes.append(MetricChange(lvl, metric, None, None, None, None, None, th, worse_up, why))
+                continue
+            if policy == "vllm-ci":
+                changes.append(_vllm_ci(lvl, metric, bv, cv, th, worse_up))
             else:
-                verdict = "unchanged"
-            changes.append(MetricChange(lvl, metric, point_b, point_c, change, lo, hi, th, worse_up, verdict))
+                changes.append(_harness(lvl, metric, source, b, c, bv, cv, th, worse_up))
     behaviours = _behaviours(baseline, candidate, base_runs, cand_runs)
     regressed = any(c.verdict == "regressed" for c in changes) or any(b.startswith("REGRESSION") for b in behaviours)
-    return Comparison(changes=changes, behaviours=behaviours, allowed_differences=diffs, regressed=regressed)
+    return Comparison(changes=changes, behaviours=behaviours, allowed_differences=diffs, regressed=regressed,
+                      policy=policy)
+
+
+def _vllm_ci(lvl, metric, bv, cv, th, worse_up) -> MetricChange:
+    mb, mc = _median(bv), _median(cv)
+    ratio = mc / mb
+    if worse_up:
+        verdict = "regressed" if ratio > VLLM_CI_LATENCY_RATIO else ("improved" if ratio < 1 / VLLM_CI_LATENCY_RATIO else "unchanged")
+    else:
+        verdict = "regressed" if ratio < VLLM_CI_THROUGHPUT_RATIO else ("improved" if ratio > 1 / VLLM_CI_THROUGHPUT_RATIO else "unchanged")
+    return MetricChange(lvl, metric, mb, mc, ratio - 1, None, None, th, worse_up, verdict,
+                        note=f"median of {len(bv)} vs {len(cv)} runs")
+
+
+def _harness(lvl, metric, source, b, c, bv, cv, th, worse_up) -> MetricChange:
+    interval = log_ratio_interval(bv, cv)
+    geo_b = math.exp(statistics.fmean(math.log(v) for v in bv))
+    geo_c = math.exp(statistics.fmean(math.log(v) for v in cv))
+    change = geo_c / geo_b - 1
+    worse = change if worse_up else -change
+    margin_worse, margin_better = client_margins(b, c, source, geo_b)
+    if interval is None:
+        verdict = "inconclusive" if abs(worse) > th else "unchanged"
+        return MetricChange(lvl, metric, geo_b, geo_c, change, None, None, th, worse_up, verdict,
+                            note="one run on a side: no interval")
+    _, lo, hi = interval
+    worse_lo = lo if worse_up else -hi  # the least-bad end of the interval, as worsening
+    better_lo = -hi if worse_up else lo  # the least-good end, as improvement
+    note = ""
+    if worse_lo > th:
+        if worse_lo - margin_worse > th:
+            verdict = "regressed"
+        else:
+            verdict = "inconclusive (client-bound)"
+            note = f"the client's measured delays and CPU pressure account for {100 * margin_worse:.0f}%"
+    elif better_lo > th:
+        if better_lo - margin_better > th:
+            verdict = "improved"
+        else:
+            verdict = "inconclusive (client-bound)"
+            note = f"the baseline's client delays and CPU pressure account for {100 * margin_better:.0f}%"
+    elif abs(worse) > th:
+        verdict = "inconclusive"
+    elif worse_lo > 0:
+        verdict = "worse, within threshold"
+    elif better_lo > 0:
+        verdict = "better, within threshold"
+    else:
+        verdict = "unchanged"
+    margin = margin_worse if worse >= 0 else margin_better
+    return MetricChange(lvl, metric, geo_b, geo_c, change, lo, hi, th, worse_up, verdict, round(margin, 4), note)
 
 
 def _short(value) -> str:
@@ -244,39 +325,47 @@ def _behaviours(baseline: dict, candidate: dict, base_runs, cand_runs) -> list[s
                 for k, v in r["errors"].items():
                     errors[k] = errors.get(k, 0) + v
             notes.append(f"REGRESSION {lvl}: {failed} failed requests (baseline {base_failed}): {errors}")
-        disagreements = [f for r in runs for f in r.get("token_accounting", {}).get("findings", [])]
-        if disagreements and not any(r.get("token_accounting", {}).get("findings") for r in base_runs.get(lvl, [])):
+        disagreements = [f for r in runs for f in (r.get("token_accounting") or {}).get("findings", [])]
+        if disagreements and not any((r.get("token_accounting") or {}).get("findings") for r in base_runs.get(lvl, [])):
             notes.append(f"REGRESSION {lvl}: token accounting now disagrees: {disagreements[0]}")
     for side, runs_by in (("baseline", base_runs), ("candidate", cand_runs)):
         lagged = [r for runs in runs_by.values() for r in runs if r.get("timing_warnings") or r.get("client_bound")]
         if lagged:
             worst = max((r.get("loop_lag_ms") or {}).get("p99") or 0 for r in lagged)
             notes.append(f"{side}: {len(lagged)} run(s) with client timing warnings (event-loop lag p99 up to "
-                         f"{worst:.0f} ms): the client was starved of CPU; latencies there are less certain")
-    names_b = set(baseline.get("environment", {}).get("metric_names") or [])
-    names_c = set(candidate.get("environment", {}).get("metric_names") or [])
+                         f"{worst:.0f} ms): the client was starved of CPU; the gate takes its measured delays off")
+    names_b = set((baseline.get("environment") or {}).get("metric_names") or [])
+    names_c = set((candidate.get("environment") or {}).get("metric_names") or [])
     if names_b and names_c:
         if names_b - names_c:
             notes.append("metric names gone in candidate: " + ", ".join(sorted(names_b - names_c)))
         if names_c - names_b:
             notes.append("metric names new in candidate: " + ", ".join(sorted(names_c - names_b)))
-    for key in ("startup",):
-        sb = baseline.get("environment", {}).get(key) or {}
-        sc = candidate.get("environment", {}).get(key) or {}
-        for field in ("kv_cache_tokens", "max_concurrency", "kv_cache_memory_gib", "startup_s"):
-            if sb.get(field) is not None and sc.get(field) is not None and sb[field] != sc[field]:
-                notes.append(f"startup {field}: {sb[field]} -> {sc[field]}")
+    sb = (baseline.get("environment") or {}).get("startup") or {}
+    sc = (candidate.get("environment") or {}).get("startup") or {}
+    for field in ("kv_cache_tokens", "max_concurrency", "kv_cache_memory_gib", "startup_s"):
+        if sb.get(field) is not None and sc.get(field) is not None and sb[field] != sc[field]:
+            notes.append(f"startup {field}: {sb[field]} -> {sc[field]}")
     return notes
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
 
 
 def format_table(result: Comparison) -> str:
     rows = [("level", "metric", "baseline", "candidate", "change", "95% CI", "threshold", "verdict")]
     for c in result.changes:
-        rows.append((c.level, c.metric, f"{c.baseline:.2f}", f"{c.candidate:.2f}", f"{100 * c.change:+.1f}%",
-                     f"[{100 * c.ci_low:+.1f}%, {100 * c.ci_high:+.1f}%]", f"{100 * c.threshold:.0f}%",
-                     c.verdict.upper() if c.verdict == "regressed" else c.verdict))
+        ci = "-" if c.ci_low is None else f"[{_pct(c.ci_low)}, {_pct(c.ci_high)}]"
+        rows.append((c.level, c.metric, "-" if c.baseline is None else f"{c.baseline:.2f}",
+                     "-" if c.candidate is None else f"{c.candidate:.2f}", _pct(c.change), ci,
+                     f"{100 * c.threshold:.0f}%",
+                     (c.verdict.upper() if c.verdict == "regressed" else c.verdict) + (f" ({c.note})" if c.note and c.verdict.startswith("inconclusive (") else "")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines = [f"policy: {result.policy}" + (" (median of runs; latency > 1.20x or throughput < 0.80x)"
+                                            if result.policy == "vllm-ci" else
+                                            " (95% interval over runs, beyond threshold after the client's measured delays)")]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     if result.allowed_differences:
         lines.append("allowed differences: " + "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, (a, b) in result.allowed_differences.items()))
     lines += result.behaviours

@@ -1,9 +1,12 @@
-"""Bench results JSON (schema_version 1, design.md): writing atomically, reading, fingerprints."""
+"""Bench results JSON (schema_version 1, design.md): writing atomically, reading and validating
+against the schema shipped beside this module (bench_results.schema.json), fingerprints."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 import os
 import platform
 from pathlib import Path
@@ -67,16 +70,102 @@ def write_atomic(path: Path, data: dict) -> None:
     write_json(path, data, default=str)
 
 
+SCHEMA_FILE = Path(__file__).with_name("bench_results.schema.json")
+_MAX_INT = 2**53  # beyond this JSON integers stop being exact floats
+
+
+@functools.lru_cache(maxsize=1)
+def _validator():
+    import jsonschema
+
+    schema = json.loads(SCHEMA_FILE.read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 16 or abs(int(text)) > _MAX_INT:
+        raise ValueError(f"integer {text[:20]}... is out of range")
+    return int(text)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _where(error) -> str:
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    return path.lstrip(".") or "the top level"
+
+
+def validate(data, name: str) -> dict:
+    """`data` as a bench results dict, or UsageError naming the first thing wrong, in one line."""
+    if isinstance(data, dict) and isinstance(data.get("schema_version"), int) and not isinstance(data["schema_version"], bool) \
+            and data["schema_version"] > SCHEMA_VERSION:
+        raise UsageError(f"{name}: schema_version {data['schema_version']} is newer than this harness reads "
+                         f"({SCHEMA_VERSION}): upgrade llm-harness to read it")
+    import jsonschema
+
+    try:
+        error = jsonschema.exceptions.best_match(_validator().iter_errors(data))
+    except RecursionError:
+        raise UsageError(f"{name}: not a results file (JSON nested too deeply)") from None
+    if error is not None:
+        message = " ".join(error.message.split())
+        if len(message) > 160:
+            message = message[:157] + "..."
+        raise UsageError(f"{name}: not a valid bench results file (schema_version {SCHEMA_VERSION}): "
+                         f"{_where(error)}: {message}")
+    return data
+
+
 def load(path: str | Path) -> dict:
+    """Read and validate one results file; every problem is a UsageError of one line (exit 2)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise UsageError(f"{path}: is a directory, not a results JSON") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if not raw.strip():
+        raise UsageError(f"{path}: empty file, not a results JSON")
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_float=_finite_float, parse_int=_bounded_int,
+                          parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not JSON (not UTF-8 text)") from None
+    except RecursionError:
+        raise UsageError(f"{path}: not a results file (JSON nested too deeply)") from None
     except ValueError as exc:
-        raise UsageError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION or not isinstance(data.get("runs"), list):
-        raise UsageError(f"{path}: not a bench results file (schema_version {SCHEMA_VERSION} with runs[])")
-    return data
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = " (truncated? the file ends early)" if "Expecting" in text and raw.rstrip()[-1:] not in (b"}", b"]") else ""
+        raise UsageError(f"{path}: not JSON{hint}: {text}") from None
+    return validate(data, str(path))
+
+
+def same_results(paths: list[str]) -> tuple[str, str] | None:
+    """Two of `paths` naming the same file, or files with identical bytes (a copy): (first, second)."""
+    seen: dict = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+            key_file = (st.st_dev, st.st_ino)
+            digest = hashlib.sha256(Path(p).read_bytes()).hexdigest()
+        except OSError:
+            continue  # load() reports it
+        for key in (key_file, digest):
+            if key in seen:
+                return seen[key], p
+            seen[key] = p
+    return None

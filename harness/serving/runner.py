@@ -12,11 +12,11 @@ from pathlib import Path
 import aiohttp
 
 from .. import __version__
-from ..errors import CheckFailed
-from . import metrics, results
+from ..errors import CheckFailed, UsageError
+from . import metrics, prompts, results
 from .client import LoadResult, RequestSpec, Target, make_session, run_load
 from .stats import SLO, summarize_run
-from .workload import PromptTokenizer, Workload, build_specs, specs_without_tokenizer
+from .workload import PromptTokenizer, Workload
 
 
 class Interrupted(Exception):
@@ -42,12 +42,20 @@ class BenchConfig:
     keep_requests: bool = True
     environment: dict = field(default_factory=dict)  # extra facts (flags, startup info) to record
     metrics_interval_s: float = 0.5
-    quiet: bool = False
+    quiet: bool = False  # no per-run lines at all (-q)
+    progress: bool | None = None  # the ticking "n/N requests" lines; default: when stderr is a terminal
+    prompt_calibration: str = "auto"  # prompts.METHODS
 
 
 def _say(cfg: BenchConfig, text: str) -> None:
     if not cfg.quiet:
         print(text, file=sys.stderr, flush=True)
+
+
+def _ticking(cfg: BenchConfig) -> bool:
+    if cfg.quiet:
+        return False
+    return sys.stderr.isatty() if cfg.progress is None else cfg.progress
 
 
 async def preflight(session: aiohttp.ClientSession, target: Target, timeout_s: float = 10.0) -> dict:
@@ -60,7 +68,8 @@ async def preflight(session: aiohttp.ClientSession, target: Target, timeout_s: f
                     served = [m.get("id") for m in (await resp.json()).get("data", [])]
                     info["served_models"] = served
                     if served and target.model not in served:
-                        raise CheckFailed(f"model {target.model!r} is not served by {target.base_url} (it serves: {', '.join(served)})")
+                        raise UsageError(f"--model: {target.model!r} is not served by {target.base_url} "
+                                         f"(it serves: {', '.join(map(str, served))})")
             try:
                 async with session.get(target.base_url + "/version") as resp:
                     if resp.status == 200:
@@ -111,17 +120,16 @@ def _results_skeleton(cfg: BenchConfig, info: dict, tokenizer: PromptTokenizer |
 
 async def run_bench_async(cfg: BenchConfig) -> dict:
     tokenizer = PromptTokenizer(cfg.tokenizer_dir) if cfg.tokenizer_dir else None
-    specs = build_specs(cfg.workload, tokenizer) if tokenizer else specs_without_tokenizer(cfg.workload)
-    if cfg.target.api == "chat":
-        # The server wraps the prompt in the model's chat template: its usage counts tokens the
-        # client's tokenizer never saw, so input tokens are compared through usage and /metrics only.
-        for spec in specs:
-            spec.input_tokens = 0
-    warm_specs = _warmup_specs(cfg.workload, tokenizer, cfg.warmup)
     session = make_session()
     try:
         info = await preflight(session, cfg.target)
+        # The server's own count of the prompts, unless a local tokenizer is given (prompts.py).
+        calibration = await prompts.calibrate(session, cfg.target, tokenizer, cfg.prompt_calibration)
+        specs = await prompts.build_specs(session, cfg.target, cfg.workload, calibration, tokenizer)
+        warm_specs = await _warmup_specs(session, cfg, calibration, tokenizer)
         data = _results_skeleton(cfg, info, tokenizer)
+        data["prompt_calibration"] = calibration.to_json()  # not in the workload: not fingerprinted
+        data["valid"], data["invalid_reasons"] = True, []
         first = await metrics.fetch(session, cfg.target.base_url)
         data["environment"]["metric_names"] = sorted(n for n in first.names() if n.startswith("vllm:")) if first else None
         if cfg.out:
@@ -132,7 +140,7 @@ async def run_bench_async(cfg: BenchConfig) -> dict:
                 if warm_specs:
                     await run_load(cfg.target, warm_specs, concurrency=min(len(warm_specs), level or 1), session=session)
                 try:
-                    run = await _one_run(cfg, session, specs, level, rep, tokenizer)
+                    run = await _one_run(cfg, session, specs, level, rep, tokenizer, calibration.tolerance)
                 except Interrupted as stop:
                     data["runs"].append(stop.run)
                     data["interrupted"] = True
@@ -140,9 +148,16 @@ async def run_bench_async(cfg: BenchConfig) -> dict:
                         results.write_atomic(cfg.out, data)
                     raise asyncio.CancelledError from None
                 data["runs"].append(run)
+                _say(cfg, _run_line(run))
+                if not run["prompt_tokens"]["valid"]:
+                    # A run of another workload than the one asked for: say so and stop here.
+                    data["valid"] = False
+                    data["invalid_reasons"].append(invalid_reason(run, calibration.method))
+                    if cfg.out:
+                        results.write_atomic(cfg.out, data)
+                    return data
                 if cfg.out:
                     results.write_atomic(cfg.out, data)
-                _say(cfg, _run_line(run))
         data["complete"] = True
         if cfg.out:
             results.write_atomic(cfg.out, data)
@@ -151,15 +166,23 @@ async def run_bench_async(cfg: BenchConfig) -> dict:
         await session.close()
 
 
-def _warmup_specs(workload: Workload, tokenizer: PromptTokenizer | None, n: int) -> list[RequestSpec]:
-    if n <= 0:
+def invalid_reason(run: dict, method: str) -> str:
+    p = run["prompt_tokens"]
+    return (f"prompt lengths missed the request: {p['off']} of {p['checked']} requests off by more than "
+            f"{p['tolerance']} token(s) (requested {p['requested_mean']:.0f}, server counted "
+            f"{p['actual_min']}..{p['actual_max']}, mean {p['actual_mean']:.1f}; prompts built with {method})")
+
+
+async def _warmup_specs(session, cfg: BenchConfig, calibration, tokenizer) -> list[RequestSpec]:
+    if cfg.warmup <= 0:
         return []
-    warm = Workload(input_len=workload.input_len, output_len=min(workload.output_len, 4), num_prompts=n,
-                    prefix_len=0, api=workload.api, seed=workload.seed + 10_000)
-    return build_specs(warm, tokenizer) if tokenizer else specs_without_tokenizer(warm)
+    w = cfg.workload
+    warm = Workload(input_len=w.input_len, output_len=min(w.output_len, 4), num_prompts=cfg.warmup,
+                    prefix_len=0, api=w.api, seed=w.seed + 10_000)
+    return await prompts.build_specs(session, cfg.target, warm, calibration, tokenizer)
 
 
-async def _one_run(cfg, session, specs, level, rep, tokenizer) -> dict:
+async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int) -> dict:
     label = f"rate {cfg.request_rate:g}/s" if cfg.request_rate else f"concurrency {level}"
     before = await metrics.settled(session, cfg.target.base_url)
     sampler = metrics.Sampler(session, cfg.target.base_url, cfg.metrics_interval_s) if before else None
@@ -168,7 +191,11 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer) -> dict:
     started = time.monotonic()
     last = [0.0]
 
+    ticking = _ticking(cfg)
+
     def progress(done: int, total: int) -> None:
+        if not ticking:
+            return
         now = time.monotonic()
         if now - last[0] >= 2.0 or done == total:
             last[0] = now
@@ -186,7 +213,7 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer) -> dict:
         partial = LoadResult(records=done, loop_lag_s=[], started_wall=time.time(),
                              duration_s=(max(r.end_s for r in done) - min(r.sent_s for r in done)) if done else 0.0)
         run = summarize_run(partial, concurrency=level, request_rate=cfg.request_rate, slo=cfg.slo,
-                            keep_requests=cfg.keep_requests, repeat=rep)
+                            keep_requests=cfg.keep_requests, repeat=rep, prompt_tolerance=tolerance)
         run.update(interrupted=True, requests_cut_off=cut, requests_not_sent=len(specs) - len(records))
         raise Interrupted(run) from None
     finally:
@@ -196,7 +223,7 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer) -> dict:
         load, concurrency=level, request_rate=cfg.request_rate, slo=cfg.slo,
         server_delta=metrics.delta(before, after), server_timeseries=series,
         count_output=tokenizer.count_output if tokenizer else None,
-        keep_requests=cfg.keep_requests, repeat=rep,
+        keep_requests=cfg.keep_requests, repeat=rep, prompt_tolerance=tolerance,
     )
 
 
@@ -204,9 +231,14 @@ def _run_line(run: dict) -> str:
     ttft = run["ttft_ms"]["p50"]
     level = (f"rate {run['request_rate']:g}/s" + (f" (cap {run['concurrency']})" if run['concurrency'] else "")
              if run.get("request_rate") else f"concurrency {run['concurrency']}")
-    text = (f"{level} repeat {run['repeat'] + 1}: {run['requests_ok']} ok, "
-            f"{run['requests_failed']} failed {run['errors'] or ''}, TTFT p50 "
+    failed = f"{run['requests_failed']} failed" + (f" {run['errors']}" if run["errors"] else "")
+    text = (f"{level} repeat {run['repeat'] + 1}: {run['requests_ok']} ok, {failed}, TTFT p50 "
             f"{'-' if ttft is None else f'{ttft:.1f} ms'}, {run['output_throughput']:.1f} output tok/s")
+    p = run.get("prompt_tokens") or {}
+    if p.get("checked"):
+        text += f", prompt {p['actual_mean']:.0f}/{p['requested_mean']:.0f} tokens"
+        if not p["valid"]:
+            text += " [INVALID: prompt lengths missed the request]"
     if run["client_bound"]:
         text += " [CLIENT-BOUND: " + "; ".join(run["client_bound_reasons"]) + "]"
     if not run["token_accounting"]["agree"]:

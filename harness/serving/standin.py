@@ -13,7 +13,12 @@ streams) can be measured. It serves several model names, each a behaviour:
   standin-stall         a few tokens, then silence (a hung engine) until the client gives up
 
 Any other model name gets a 404 as vLLM answers it. /metrics exposes vLLM-named counters.
-Run: python -m harness.serving.standin --port 8001 [--ttft-ms 20] [--token-interval-ms 10]
+
+Its "tokenizer" is known, and unlike word counting: a completion prompt costs one special token
+plus, per whitespace-separated word, one token per started 8 characters; a chat prompt costs the
+words plus a 5-token template. `--tokenize` adds vLLM's POST /tokenize (without it the harness
+must calibrate prompt lengths from usage).
+Run: python -m harness.serving.standin --port 8001 [--ttft-ms 20] [--token-interval-ms 10] [--tokenize]
 """
 
 from __future__ import annotations
@@ -31,6 +36,19 @@ from typing import Iterator
 
 MODELS = ("standin", "standin-http500", "standin-error-frame", "standin-drop", "standin-no-done", "standin-stall")
 FAULT_AFTER_TOKENS = 3
+SPECIAL_TOKENS = 1  # a BOS on completion prompts
+CHAT_TEMPLATE_TOKENS = 5
+
+
+def count_tokens(text: str) -> int:
+    return sum(1 + (len(word) - 1) // 8 for word in str(text).split())
+
+
+def prompt_tokens(body: dict, chat: bool) -> int:
+    if chat:
+        return CHAT_TEMPLATE_TOKENS + sum(count_tokens(m.get("content", "")) for m in body.get("messages", [])
+                                          if isinstance(m, dict))
+    return SPECIAL_TOKENS + count_tokens(body.get("prompt", ""))
 
 
 class _Stats:
@@ -43,7 +61,7 @@ class _Stats:
         self.finished = 0
 
 
-def make_app(ttft_s: float, interval_s: float, seed: int = 0):
+def make_app(ttft_s: float, interval_s: float, seed: int = 0, tokenize: bool = False):
     from aiohttp import web
 
     stats = _Stats()
@@ -82,15 +100,21 @@ def make_app(ttft_s: float, interval_s: float, seed: int = 0):
         if model == "standin-http500":
             return web.json_response({"object": "error", "message": "internal error", "code": 500}, status=500)
         n = int(body.get("max_tokens") or 16)
-        if chat:
-            prompt = " ".join(m.get("content", "") for m in body.get("messages", []))
-        else:
-            prompt = body.get("prompt", "")
-        prompt_tokens = len(str(prompt).split())
+        n_prompt = prompt_tokens(body, chat)
+        if not body.get("stream"):
+            text = "".join(f" t{i}" for i in range(n))
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                      if chat else {"index": 0, "text": text, "finish_reason": "length"})
+            stats.prompt_tokens += n_prompt
+            stats.generation_tokens += n
+            stats.finished += 1
+            return web.json_response({"object": "chat.completion" if chat else "text_completion", "model": model,
+                                      "choices": [choice], "usage": {"prompt_tokens": n_prompt, "completion_tokens": n,
+                                                                     "total_tokens": n_prompt + n}})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         stats.running += 1
-        stats.prompt_tokens += prompt_tokens
+        stats.prompt_tokens += n_prompt
 
         def frame(text: str | None, finish: str | None = None) -> bytes:
             if chat:
@@ -125,7 +149,7 @@ def make_app(ttft_s: float, interval_s: float, seed: int = 0):
                         await asyncio.sleep(3600)
                 await resp.write(frame(f" t{i}", "length" if i == n - 1 else None))
                 stats.generation_tokens += 1
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n}
             await resp.write(b"data: " + json.dumps({"object": "chunk", "choices": [], "usage": usage}).encode() + b"\n\n")
             if model != "standin-no-done":
                 await resp.write(b"data: [DONE]\n\n")
@@ -137,7 +161,15 @@ def make_app(ttft_s: float, interval_s: float, seed: int = 0):
             stats.running -= 1
         return resp
 
+    async def tokenize_endpoint(request: web.Request):
+        body = await request.json()
+        chat = "messages" in body
+        n = prompt_tokens(body, chat) - (0 if chat or body.get("add_special_tokens", True) else SPECIAL_TOKENS)
+        return web.json_response({"count": n, "max_model_len": 4096, "tokens": list(range(n))})
+
     app = web.Application()
+    if tokenize:
+        app.router.add_post("/tokenize", tokenize_endpoint)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/v1/models", models)
@@ -152,22 +184,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--token-interval-ms", type=float, default=10.0)
+    parser.add_argument("--tokenize", action="store_true", help="serve POST /tokenize as vLLM does")
     args = parser.parse_args(argv)
     from aiohttp import web
 
-    web.run_app(make_app(args.ttft_ms / 1000, args.token_interval_ms / 1000), host="127.0.0.1", port=args.port,
+    web.run_app(make_app(args.ttft_ms / 1000, args.token_interval_ms / 1000, tokenize=args.tokenize),
+                host="127.0.0.1", port=args.port,
                 print=None, backlog=4096, access_log=None)
     return 0
 
 
 @contextlib.contextmanager
-def run_standin(ttft_ms: float = 20.0, token_interval_ms: float = 10.0, log_dir: Path | None = None) -> Iterator:
+def run_standin(ttft_ms: float = 20.0, token_interval_ms: float = 10.0, log_dir: Path | None = None,
+                tokenize: bool = False) -> Iterator:
     """The stand-in in its own process (so it never competes with the client's event loop)."""
     from .launcher import free_port, start_process
 
     port = free_port()
     command = [sys.executable, "-m", "harness.serving.standin", "--port", str(port),
-               "--ttft-ms", str(ttft_ms), "--token-interval-ms", str(token_interval_ms)]
+               "--ttft-ms", str(ttft_ms), "--token-interval-ms", str(token_interval_ms)] + (["--tokenize"] if tokenize else [])
     root = str(Path(__file__).resolve().parents[2])
     env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     log_path = Path(log_dir) / f"standin-{port}.log" if log_dir else None

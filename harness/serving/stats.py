@@ -128,6 +128,47 @@ def token_accounting(records: Sequence[RequestRecord], server_delta: dict | None
     return data
 
 
+def prompt_lengths(records: Sequence[RequestRecord], tolerance: int) -> dict:
+    """Requested against actual (server usage) prompt tokens. A run whose requests miss the
+    requested length by more than `tolerance` tokens did not run the workload it claims: invalid."""
+    asked = [r for r in records if r.requested_input_tokens and r.prompt_tokens is not None]
+    if not asked:
+        return {"checked": 0, "tolerance": tolerance, "valid": True}
+    misses = [r.prompt_tokens - r.requested_input_tokens for r in asked]
+    off = [m for m in misses if abs(m) > tolerance]
+    return {
+        "checked": len(asked),
+        "requested_mean": sum(r.requested_input_tokens for r in asked) / len(asked),
+        "actual_mean": sum(r.prompt_tokens for r in asked) / len(asked),
+        "actual_min": min(r.prompt_tokens for r in asked),
+        "actual_max": max(r.prompt_tokens for r in asked),
+        "max_miss": max(misses, key=abs),
+        "tolerance": tolerance,
+        "off": len(off),
+        "valid": not off,
+    }
+
+
+def client_noise(records: Sequence[RequestRecord], loop_lag: dict, host: dict) -> dict:
+    """The client's own share in what it measured (the gate's noise model reads these).
+
+    client_time_share: of the time requests occupied the client's slots, the part the client
+    added itself: schedule lag, plus the event-loop lag by which each request's end was noticed
+    late. A slower client lowers closed-loop throughput by about this share.
+    """
+    sent = [r for r in records if r.sent_s > 0 or r.end_s > 0]
+    lag = sum(max(0.0, r.schedule_lag_s) for r in sent)
+    busy = sum(max(0.0, r.e2e_s) for r in sent)
+    loop_mean_s = (loop_lag.get("mean") or 0.0) / 1000.0
+    added = lag + loop_mean_s * len(sent)
+    return {
+        "client_time_share": added / (lag + busy) if lag + busy > 0 else None,
+        "schedule_lag_share": lag / (lag + busy) if lag + busy > 0 else None,
+        "loop_lag_mean_ms": loop_lag.get("mean"),
+        **host,
+    }
+
+
 def summarize_run(
     load: LoadResult,
     *,
@@ -139,6 +180,7 @@ def summarize_run(
     count_output=None,
     keep_requests: bool = True,
     repeat: int = 0,
+    prompt_tolerance: int = 1,
 ) -> dict:
     records = load.records
     ok = [r for r in records if r.ok]
@@ -194,6 +236,8 @@ def summarize_run(
         "client_bound": bool(reasons),
         "client_bound_reasons": reasons,
         "timing_warnings": warnings,
+        "client_noise": client_noise(records, loop_lag, load.host),
+        "prompt_tokens": prompt_lengths(records, prompt_tolerance),
         "token_accounting": token_accounting(records, server_delta, count_output),
         "server_metrics": server_delta,
         "server_timeseries": [
@@ -217,6 +261,7 @@ def _compact(r: RequestRecord) -> dict:
         "status": r.status,
         "error": r.error,
         "error_detail": r.error_detail,
+        "requested_prompt_tokens": r.requested_input_tokens or None,
         "prompt_tokens": r.prompt_tokens,
         "completion_tokens": r.completion_tokens,
         "finish_reason": r.finish_reason,

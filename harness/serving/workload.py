@@ -99,13 +99,14 @@ def build_specs(workload: Workload, tokenizer: PromptTokenizer) -> list[RequestS
     specs = []
     for _ in range(workload.num_prompts):
         text, _ = tokenizer.text_of_length(workload.input_len, rng, prefix_ids)
-        specs.append(RequestSpec(prompt=text, input_tokens=workload.input_len, output_tokens=workload.output_len))
+        specs.append(RequestSpec(prompt=text, input_tokens=workload.input_len, output_tokens=workload.output_len,
+                                 requested_input_tokens=workload.input_len))
     return specs
 
 
 def specs_without_tokenizer(workload: Workload) -> list[RequestSpec]:
-    """Prompts for a server whose tokenizer is unknown: word counts stand in for tokens and the
-    input counts are marked unknown (0), so the token accounting relies on usage alone."""
+    """Word prompts of unknown token length, for the stand-in's client-limit benchmark only: a real
+    server's prompts are calibrated with its own tokenizer (prompts.py), never guessed like this."""
     rng = random.Random(workload.seed)
     words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
     prefix = " ".join(rng.choice(words) for _ in range(workload.prefix_len))

@@ -4,23 +4,28 @@ Starting vLLM on CPU costs about a minute, and two at once would compete for the
 one session-wide pool keeps at most one server alive and starts each kind once if the tests run
 in file order: the old version (upgrade baseline), the new one, then the new one restarted with
 --max-num-seqs 1 (the slowdown the gate must catch, and the server killed mid-run at the end).
-With --endpoint the suite targets that server as "new" and skips what needs a restart.
+With --endpoint the suite targets that server as "new": --model names the served model (checked
+against /v1/models before anything runs), prompts are measured with the server's own tokenizer
+unless --model is also a local directory, and what needs a restart, or would crash, kill or
+overload the server (`destructive`), skips.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from harness.serving.client import Target
+from harness.errors import HarnessError
+from harness.plugin import settings_key
+from harness.serving import prompts
+from harness.serving.client import RequestSpec, Target
+from harness.serving.endpoint import resolve_served_model
 from harness.serving.launcher import ServerProcess, launch_vllm
 from harness.serving.runner import BenchConfig, run_bench
-from harness.serving.workload import Workload
+from harness.serving.workload import PromptTokenizer, Workload
 
 MAX_MODEL_LEN = 1024
 BASE_FLAGS = ["--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--max-num-seqs", "64"]
@@ -35,6 +40,17 @@ GATE_CONCURRENCY = 4
 GATE_REPEATS = 3
 
 
+def pytest_configure(config):
+    """--endpoint with a --model the server does not serve: one usage line before anything runs."""
+    settings = config.stash.get(settings_key, None)
+    if settings is None or not settings.endpoint:
+        return
+    try:
+        resolve_served_model(settings.endpoint, settings.served_model)
+    except HarnessError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
 @dataclass
 class Served:
     """A server under test: where it is, what it serves, and (if we started it) its process."""
@@ -42,26 +58,28 @@ class Served:
     kind: str
     base_url: str
     model: str
-    tokenizer_dir: Path | None
+    tokenizer_dir: Path | None  # a local tokenizer; None: prompts are measured by the server
     process: ServerProcess | None = None
     max_model_len: int = MAX_MODEL_LEN
+    _calibration: dict = field(default_factory=dict)  # api -> prompts.Calibration
 
-    def target(self, timeout_s: float = 60.0) -> Target:
-        return Target(self.base_url, self.model, timeout_s=timeout_s)
+    def target(self, timeout_s: float = 60.0, api: str = "completions") -> Target:
+        return Target(self.base_url, self.model, api=api, timeout_s=timeout_s)
 
     def environment(self) -> dict:
         env = self.process.environment() if self.process else {}
         return env | {"model_id": self.model, "server_kind": self.kind}
 
+    def specs(self, workload: Workload) -> list[RequestSpec]:
+        """Prompts of exactly workload.input_len tokens as this server counts them."""
+        tokenizer = PromptTokenizer(self.tokenizer_dir) if self.tokenizer_dir else None
+        specs, cal = prompts.make_specs(self.target(api=workload.api), workload, tokenizer,
+                                        self._calibration.get(workload.api))
+        self._calibration[workload.api] = cal
+        return specs
 
-def _served_model(endpoint: str) -> tuple[str, int]:
-    """The first model a server lists on /v1/models, and its max_model_len (vLLM lists it)."""
-    try:
-        with urllib.request.urlopen(endpoint + "/v1/models", timeout=10) as resp:
-            entry = json.load(resp)["data"][0]
-            return entry["id"], int(entry.get("max_model_len") or MAX_MODEL_LEN)
-    except (OSError, ValueError, KeyError, IndexError) as exc:
-        pytest.fail(f"{endpoint}: cannot list its models ({exc})", pytrace=False)
+    def spec(self, n_in: int, n_out: int = 1, seed: int = 0) -> RequestSpec:
+        return self.specs(Workload(input_len=n_in, output_len=n_out, num_prompts=1, seed=seed))[0]
 
 
 class ServerPool:
@@ -75,10 +93,14 @@ class ServerPool:
         if self.settings.endpoint:
             if kind != "new":
                 pytest.skip(f"--endpoint given: cannot start the {kind!r} server")
-            name, max_len = _served_model(self.settings.endpoint)
-            return Served("new", self.settings.endpoint, name,
-                          self.model_dir if (self.model_dir / "tokenizer.json").is_file() else None,
-                          max_model_len=max_len)
+            if self._current is None:
+                model = resolve_served_model(self.settings.endpoint, self.settings.served_model)
+                # Only a --model that is itself a local directory gives a tokenizer; never guess one.
+                local = Path(self.settings.model) if self.settings.model else None
+                tokenizer = local if local and (local / "tokenizer.json").is_file() else None
+                self._current = Served("new", self.settings.endpoint, model.name, tokenizer,
+                                       max_model_len=model.max_model_len or MAX_MODEL_LEN)
+            return self._current
         if self._current is not None and self._current.kind == kind:
             if self._current.process.alive():
                 return self._current
@@ -95,6 +117,8 @@ class ServerPool:
         return self._current
 
     def stop(self) -> None:
+        if self.settings.endpoint:
+            return  # never stop what we did not start
         if self._stack is not None:
             self._stack.close()
         self._stack, self._current = None, None
@@ -126,13 +150,19 @@ def gate_results(serving_dir):
 
 
 @pytest.fixture(scope="session")
-def gate_bench(show_progress):
+def quiet(pytestconfig) -> bool:
+    """-q: no per-run lines from the bench runs."""
+    return pytestconfig.get_verbosity() < 0
+
+
+@pytest.fixture(scope="session")
+def gate_bench(show_progress, quiet):
     """run(served, out) -> results of the gate workload (3 repeats at concurrency 4)."""
 
     def run(served: Served, out: Path) -> dict:
         cfg = BenchConfig(target=served.target(), workload=GATE_WORKLOAD, concurrencies=[GATE_CONCURRENCY],
                           repeats=GATE_REPEATS, warmup=2, tokenizer_dir=served.tokenizer_dir, out=out,
-                          environment=served.environment())
+                          environment=served.environment(), quiet=quiet)
         with show_progress():
             return run_bench(cfg)
 
@@ -140,14 +170,14 @@ def gate_bench(show_progress):
 
 
 @pytest.fixture(scope="session")
-def bench(show_progress):
+def bench(show_progress, quiet):
     """bench(served, workload, concurrencies, out=None, ...) -> results dict (the library's runner)."""
 
     def run(served: Served, workload: Workload, concurrencies, out: Path | None = None,
             timeout_s: float = 60.0, warmup: int = 1, repeats: int = 1) -> dict:
-        cfg = BenchConfig(target=served.target(timeout_s), workload=workload, concurrencies=list(concurrencies),
-                          repeats=repeats, warmup=warmup, tokenizer_dir=served.tokenizer_dir, out=out,
-                          environment=served.environment())
+        cfg = BenchConfig(target=served.target(timeout_s, workload.api), workload=workload,
+                          concurrencies=list(concurrencies), repeats=repeats, warmup=warmup,
+                          tokenizer_dir=served.tokenizer_dir, out=out, environment=served.environment(), quiet=quiet)
         with show_progress():
             return run_bench(cfg)
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 import urllib.request
 
@@ -12,7 +11,7 @@ import pytest
 
 from harness.serving import metrics
 from harness.serving.client import RequestSpec, run_load
-from harness.serving.workload import PromptTokenizer, Workload
+from harness.serving.workload import Workload
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -22,19 +21,9 @@ def served(request, server_pool):
     return server_pool.use(request.param)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(serving_model_dir):
-    return PromptTokenizer(serving_model_dir)
-
-
 def _one(served, spec: RequestSpec, timeout_s: float = 30.0):
     (record,) = asyncio.run(run_load(served.target(timeout_s), [spec], concurrency=1)).records
     return record
-
-
-def _spec(tokenizer, n_in: int, n_out: int = 1, seed: int = 0) -> RequestSpec:
-    text, _ = tokenizer.text_of_length(n_in, random.Random(seed))
-    return RequestSpec(prompt=text, input_tokens=n_in, output_tokens=n_out)
 
 
 # A 1-token answer may decode to no visible text (half a UTF-8 character from a random model):
@@ -59,24 +48,24 @@ def test_concurrency_sweep_has_zero_errors_and_exact_token_counts(served, bench,
     assert by_c[16] > by_c[1], f"batching should raise throughput: {by_c}"
 
 
-def test_over_long_prompt_gets_a_fast_4xx_and_the_server_still_answers(served, tokenizer, record):
+def test_over_long_prompt_gets_a_fast_4xx_and_the_server_still_answers(served, record):
     started = time.monotonic()
-    bad = _one(served, _spec(tokenizer, served.max_model_len, 1))
+    bad = _one(served, served.spec(served.max_model_len, 1))
     elapsed = time.monotonic() - started
     record(over_long_status=bad.status, over_long_s=round(elapsed, 3), detail=(bad.error_detail or "")[:200])
     assert bad.error == "http_400", (bad.error, bad.error_detail)
     assert elapsed < 5.0
-    good = _one(served, _spec(tokenizer, 16, 1, seed=1))
+    good = _one(served, served.spec(16, 1, seed=1))
     assert good.answered and good.completion_tokens == 1, (good.error, good.error_detail)
 
 
-def test_prompt_of_max_model_len_minus_one_works(served, tokenizer):
-    rec = _one(served, _spec(tokenizer, served.max_model_len - 1, 1, seed=2), timeout_s=120)
+def test_prompt_of_max_model_len_minus_one_works(served):
+    rec = _one(served, served.spec(served.max_model_len - 1, 1, seed=2), timeout_s=120)
     assert rec.answered, (rec.error, rec.error_detail)
     assert (rec.prompt_tokens, rec.completion_tokens) == (served.max_model_len - 1, 1)
 
 
-def test_after_a_stress_burst_health_and_a_real_request_agree(served, tokenizer, bench):
+def test_after_a_stress_burst_health_and_a_real_request_agree(served, bench):
     burst = Workload(input_len=256, output_len=32, num_prompts=48, seed=3)
     data = bench(served, burst, [48], warmup=0)
     (run,) = data["runs"]
@@ -84,7 +73,7 @@ def test_after_a_stress_burst_health_and_a_real_request_agree(served, tokenizer,
     with urllib.request.urlopen(served.base_url + "/health", timeout=5) as resp:
         assert resp.status == 200
     started = time.monotonic()
-    probe = _one(served, _spec(tokenizer, 8, 1, seed=4), timeout_s=15)
+    probe = _one(served, served.spec(8, 1, seed=4), timeout_s=15)
     assert probe.answered and probe.completion_tokens == 1, (probe.error, probe.error_detail)
     assert time.monotonic() - started < 10, "healthy by /health but slow to answer a real request"
 

@@ -1,6 +1,8 @@
 """The regression gate on real vLLM: it passes the server against itself, and it catches a real
-slowdown (the same server restarted with --max-num-seqs 1). Last, that slow server is killed in
-the middle of a bench: failed requests and a written report, not a hang."""
+slowdown (the same server restarted with --max-num-seqs 1). A seeded burst crashes the engine of
+the CPU build (before the restart, so that the crashed server is the one restarted anyway); last,
+the slow server is killed in the middle of a bench: failed requests and a written report, not a
+hang. Crashing, killing and restarting are `destructive`: never against --endpoint."""
 
 from __future__ import annotations
 
@@ -58,6 +60,46 @@ def test_against_the_given_baseline(settings, baseline_path, serving_dir, record
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.destructive
+def test_engine_crash_mid_stream_is_never_counted_as_success(server_pool, record):
+    """Seeded sampling in a burst whose prefills get chunked kills the CPU build's engine (0.31.0
+    and 0.32.0: "CPU Generator does not use offset"). The streams are HTTP 200 and end in an
+    in-band error frame: each must count as a failure, and /health must agree with a real request.
+    Should a version survive it, every request must then be a full success."""
+    import asyncio
+    import urllib.error
+    import urllib.request
+    from collections import Counter
+
+    from harness.serving.client import RequestSpec, run_load
+    from harness.serving.workload import Workload
+
+    served = server_pool.use("new")
+    specs = served.specs(Workload(input_len=256, output_len=32, num_prompts=48, seed=11))
+    for i, spec in enumerate(specs):
+        spec.seed = i
+    load = asyncio.run(run_load(served.target(60), specs, concurrency=48))
+    errors = Counter(r.error for r in load.records)
+    for r in load.records:
+        if r.ok:
+            assert r.completion_tokens == 32 and r.chunk_s, r
+        else:
+            assert r.error in ("error_frame", "http_500", "connection", "no_done"), (r.error, r.error_detail)
+    try:
+        with urllib.request.urlopen(served.base_url + "/health", timeout=10) as resp:
+            health = resp.status
+    except urllib.error.HTTPError as exc:
+        health = exc.code
+    (probe,) = asyncio.run(run_load(served.target(30), [RequestSpec(specs[0].prompt, 256, 1)], concurrency=1)).records
+    cause = sorted(set(re.findall(r"RuntimeError: [^\n]{0,80}", served.process.log_text()))) if served.process else []
+    record(errors=dict(errors), health=health, probe=probe.error or "ok", cause=cause[:2])
+    record.row("Engine faults", {"server": served.kind, "seeded burst": dict(errors), "/health after": health,
+                                 "real request after": probe.error or "ok", "log": "; ".join(cause[:1])})
+    assert (health == 200) == probe.answered, f"/health says {health} but a real request got {probe.error}"
+    server_pool.stop()  # a dead engine is no use to anyone after this
+
+
+@pytest.mark.destructive  # restarts the server with other flags
 def test_gate_catches_max_num_seqs_1(baseline_path, server_pool, gate_bench, serving_dir, record):
     served = server_pool.use("new-max-num-seqs-1")
     slow = serving_dir / "gate-new-max-num-seqs-1.json"
@@ -77,6 +119,7 @@ def test_gate_catches_max_num_seqs_1(baseline_path, server_pool, gate_bench, ser
     assert _cli("report", str(baseline_path), str(slow), "--compare", "--out", str(report)).returncode == 0
 
 
+@pytest.mark.destructive
 def test_server_killed_mid_run_gives_failed_requests_and_a_report(server_pool, serving_dir, record):
     served = server_pool.use("new-max-num-seqs-1")  # one request at a time: a long, killable run
     out = serving_dir / "killed-mid-run.json"
@@ -105,42 +148,3 @@ def test_server_killed_mid_run_gives_failed_requests_and_a_report(server_pool, s
     assert run["requests_failed"] > 0 and set(run["errors"]) <= {"connection", "no_done", "timeout"}, run["errors"]
     assert run["requests_ok"] + run["requests_failed"] == 200
     assert "requests failed" in stderr.strip().splitlines()[-1]
-
-
-def test_engine_crash_mid_stream_is_never_counted_as_success(server_pool, serving_model_dir, record):
-    """Seeded sampling in a burst whose prefills get chunked kills the CPU build's engine (0.31.0
-    and 0.32.0: "CPU Generator does not use offset"). The streams are HTTP 200 and end in an
-    in-band error frame: each must count as a failure, and /health must agree with a real request.
-    Should a version survive it, every request must then be a full success."""
-    import asyncio
-    import urllib.error
-    import urllib.request
-    from collections import Counter
-
-    from harness.serving.client import RequestSpec, run_load
-    from harness.serving.workload import PromptTokenizer, Workload, build_specs
-
-    served = server_pool.use("new")
-    tokenizer = PromptTokenizer(serving_model_dir)
-    specs = build_specs(Workload(input_len=256, output_len=32, num_prompts=48, seed=11), tokenizer)
-    for i, spec in enumerate(specs):
-        spec.seed = i
-    load = asyncio.run(run_load(served.target(60), specs, concurrency=48))
-    errors = Counter(r.error for r in load.records)
-    for r in load.records:
-        if r.ok:
-            assert r.completion_tokens == 32 and r.chunk_s, r
-        else:
-            assert r.error in ("error_frame", "http_500", "connection", "no_done"), (r.error, r.error_detail)
-    try:
-        with urllib.request.urlopen(served.base_url + "/health", timeout=10) as resp:
-            health = resp.status
-    except urllib.error.HTTPError as exc:
-        health = exc.code
-    (probe,) = asyncio.run(run_load(served.target(30), [RequestSpec(specs[0].prompt, 256, 1)], concurrency=1)).records
-    cause = sorted(set(re.findall(r"RuntimeError: [^\n]{0,80}", served.process.log_text()))) if served.process else []
-    record(errors=dict(errors), health=health, probe=probe.error or "ok", cause=cause[:2])
-    record.row("Engine faults", {"server": served.kind, "seeded burst": dict(errors), "/health after": health,
-                                 "real request after": probe.error or "ok", "log": "; ".join(cause[:1])})
-    assert (health == 200) == probe.answered, f"/health says {health} but a real request got {probe.error}"
-    server_pool.stop()  # a dead engine is no use to anyone after this

@@ -1,0 +1,51 @@
+"""A server the harness did not start (--endpoint): which model it serves, synchronously, for the
+pytest side (bench's async preflight does the same inside its session)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from ..errors import CheckFailed, UsageError
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    max_model_len: int | None  # vLLM lists it on /v1/models
+
+
+def served_models(base_url: str, timeout_s: float = 10.0) -> list[ServedModel]:
+    try:
+        with urllib.request.urlopen(base_url + "/v1/models", timeout=timeout_s) as resp:
+            data = json.load(resp)
+    except urllib.error.HTTPError as exc:
+        raise CheckFailed(f"{base_url}/v1/models answered HTTP {exc.code}: not an OpenAI-compatible server?") from None
+    except (OSError, ValueError) as exc:
+        raise CheckFailed(f"cannot list the models of {base_url}: {exc}") from None
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise CheckFailed(f"{base_url}/v1/models is not an OpenAI model list")
+    out = []
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+            length = entry.get("max_model_len")
+            out.append(ServedModel(entry["id"], length if isinstance(length, int) else None))
+    return out
+
+
+def resolve_served_model(base_url: str, name: str | None) -> ServedModel:
+    """The model `name` names on the server; with no name, the only one it serves. A wrong or
+    missing name is a UsageError listing what the server serves."""
+    models = served_models(base_url)
+    names = ", ".join(m.name for m in models) or "nothing"
+    if name is None:
+        if len(models) == 1:
+            return models[0]
+        raise UsageError(f"--model: {base_url} serves {names}: name one with --model NAME")
+    for model in models:
+        if model.name == name:
+            return model
+    raise UsageError(f"--model: {name!r} is not served by {base_url} (it serves: {names})")
