@@ -81,7 +81,7 @@ def test_bench_unreachable_and_wrong_model_are_one_line_verdicts(standin, tmp_pa
     assert time.monotonic() - started < 20
     proc = _cli("bench", "--endpoint", standin.base_url, "--model", "gpt-9", "--num-prompts", "2",
                 "--input-len", "4", "--output-len", "4", "--out", str(tmp_path / "r.json"))
-    assert proc.returncode == 1 and "'gpt-9' is not served" in proc.stderr
+    assert proc.returncode == 2 and "'gpt-9' is not served" in proc.stderr and "standin-stall" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
@@ -104,6 +104,67 @@ def test_bad_endpoint_url_is_exit_2(tmp_path):
     proc = _cli("bench", "--endpoint", "localhost:8000", "--model", "m", "--num-prompts", "1", "--input-len", "4",
                 "--output-len", "4", "--out", str(tmp_path / "r.json"))
     assert proc.returncode == 2 and "--endpoint" in proc.stderr
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/"])
+def test_base_url_with_or_without_v1(standin, tmp_path, suffix):
+    out = tmp_path / "r.json"
+    proc = _cli("bench", "--endpoint", standin.base_url + suffix, "--model", "standin", "--num-prompts", "2",
+                "--input-len", "6", "--output-len", "3", "--warmup", "0", "-q", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["environment"]["server_url"] == standin.base_url and data["runs"][0]["requests_ok"] == 2
+    # -q: no per-run line; only the file it wrote
+    assert proc.stderr.strip().splitlines() == [f"wrote {out}"]
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+@pytest.mark.parametrize("tokenize", [False, True], ids=["usage-probes", "server-tokenize"])
+def test_prompt_lengths_are_true_without_a_local_tokenizer(tmp_path, api, tokenize):
+    # The stand-in's tokenizer is not word counting (long words cost 2+ tokens, a BOS, a 5-token
+    # chat template): prompts built from words alone would miss; calibrated ones must not.
+    from harness.serving.standin import CHAT_TEMPLATE_TOKENS
+
+    out = tmp_path / "r.json"
+    with run_standin(ttft_ms=2, token_interval_ms=1, log_dir=tmp_path, tokenize=tokenize) as server:
+        proc = _cli("bench", "--endpoint", server.base_url + "/v1", "--model", "standin", "--num-prompts", "6",
+                    "--input-len", "37", "--output-len", "2", "--prefix-len", "20", "--api", api, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    cal = data["prompt_calibration"]
+    assert cal["method"] == ("server-tokenize" if tokenize else "usage-probes") and cal["exact"] == tokenize
+    assert cal["chat_overhead"] == (CHAT_TEMPLATE_TOKENS if api == "chat" else None)
+    (run,) = data["runs"]
+    assert run["prompt_tokens"]["valid"] and run["prompt_tokens"]["checked"] == 6
+    assert [r["prompt_tokens"] for r in run["requests"]] == [37] * 6
+    assert [r["requested_prompt_tokens"] for r in run["requests"]] == [37] * 6
+    assert "prompt 37/37 tokens" in proc.stderr
+
+
+def test_a_run_whose_prompts_miss_the_request_is_marked_invalid(standin, tiny_model_dir, tmp_path):
+    # The wrong tokenizer (the tiny model's, against the stand-in): the prompts are not 40 tokens.
+    out = tmp_path / "r.json"
+    proc = _cli("bench", "--endpoint", standin.base_url, "--model", "standin", "--tokenizer", str(tiny_model_dir),
+                "--num-prompts", "4", "--input-len", "40", "--output-len", "2", "--repeats", "3", "--out", str(out))
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "invalid run" in last and "prompt lengths missed the request" in last and str(out) in last
+    data = json.loads(out.read_text())
+    assert data["valid"] is False and len(data["runs"]) == 1  # stopped at the first invalid run
+    assert data["runs"][0]["prompt_tokens"]["off"] == 4
+    refused = _cli("compare", str(out), str(out))
+    assert refused.returncode == 2
+
+
+def test_zero_failures_line_has_no_stray_space():
+    from harness.serving.runner import _run_line
+
+    run = {"concurrency": 4, "request_rate": None, "repeat": 0, "requests_ok": 3, "requests_failed": 0, "errors": {},
+           "ttft_ms": {"p50": 12.0}, "output_throughput": 100.0, "client_bound": False,
+           "token_accounting": {"agree": True}, "prompt_tokens": {"checked": 0}}
+    assert "0 failed, TTFT" in _run_line(run)
+    run.update(requests_failed=2, errors={"timeout": 2})
+    assert "2 failed {'timeout': 2}, TTFT" in _run_line(run)
 
 
 def test_prompts_have_the_exact_token_count_the_server_will_see(tiny_model_dir):
@@ -202,7 +263,8 @@ def test_ctrl_c_leaves_the_finished_requests_on_disk(tmp_path):
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
-    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == f"harness bench: interrupted; partial results in {out}"
     data = json.loads(out.read_text())
     (run,) = data["runs"]
     assert data["interrupted"] is True and data["complete"] is False and run["interrupted"] is True

@@ -62,13 +62,14 @@ send expect build stay fall cut reach kill remain suggest raise pass sell requir
 class Calibration:
     """How prompts of a given length are built for one server and API, and what that cost."""
 
-    method: str  # tokenizer | server-tokenize | usage-probes
+    method: str  # tokenizer | server-tokenize | usage-probes | uncalibrated (the probes failed)
     api: str
     specials: int = 0  # tokens the server adds to a completion prompt (a BOS, say)
     chat_overhead: int | None = None  # tokens the chat template adds around one user message
     words: list[str] = field(default_factory=list)  # " word" units of exactly one token
     requests: int = 0  # calibration requests sent (/tokenize or probes)
     exact: bool = False  # every prompt was counted before it was sent
+    note: str | None = None
 
     @property
     def overhead(self) -> int:
@@ -192,20 +193,17 @@ async def calibrate(session: aiohttp.ClientSession, target: Target, tokenizer: P
     plain = (_tokenize_counter if method == "server-tokenize" else _probe_counter)(session, target, False, cal)
     if method == "tokenizer":
         cal.specials, cal.exact = tokenizer._specials, True
+    elif method == "usage-probes":
+        try:
+            await _measure_words(cal, plain, target)
+        except CheckFailed as exc:
+            # A server that fails every request: build word prompts anyway, so that the bench
+            # records and classifies its failures; should requests succeed after all, their
+            # usage still checks the lengths (stats.prompt_lengths).
+            return Calibration(method="uncalibrated", api=target.api, words=[" " + w for w in dict.fromkeys(WORDS)],
+                               requests=cal.requests, note=str(exc))
     else:
-        # The tokens the server adds: a word repeated 9 times against once (8 words' cost apart).
-        for word in WORDS[:8]:
-            once, nine = await plain(" " + word), await plain((" " + word) * 9)
-            if (nine - once) == 8:
-                cal.specials = once - 1
-                break
-        else:
-            raise CheckFailed(f"{target.base_url}: no common English word counts as one token; give --tokenizer DIR")
-        cal.words = await _one_token_words(plain, cal.specials, [" " + w for w in dict.fromkeys(WORDS)])
-        if len(cal.words) < 16:
-            raise CheckFailed(f"{target.base_url}: only {len(cal.words)} common words count as one token; "
-                              "give --tokenizer DIR")
-        cal.exact = method == "server-tokenize"
+        await _measure_words(cal, plain, target)
     if chat:
         chat_count = (_tokenize_counter if method == "server-tokenize" else _probe_counter)(session, target, True, cal)
         probe = cal.words[:8] if cal.words else None
@@ -218,6 +216,23 @@ async def calibrate(session: aiohttp.ClientSession, target: Target, tokenizer: P
             raise CheckFailed(f"{target.base_url}: a chat message counted fewer tokens than its text; cannot "
                               "calibrate chat prompt lengths")
     return cal
+
+
+async def _measure_words(cal: Calibration, plain: Count, target: Target) -> None:
+    """The tokens the server adds to a prompt, and the candidate words that cost one token."""
+    # A word repeated 9 times against once: 8 words' cost apart.
+    for word in WORDS[:8]:
+        once, nine = await plain(" " + word), await plain((" " + word) * 9)
+        if (nine - once) == 8:
+            cal.specials = once - 1
+            break
+    else:
+        raise CheckFailed(f"{target.base_url}: no common English word counts as one token; give --tokenizer DIR")
+    cal.words = await _one_token_words(plain, cal.specials, [" " + w for w in dict.fromkeys(WORDS)])
+    if len(cal.words) < 16:
+        raise CheckFailed(f"{target.base_url}: only {len(cal.words)} common words count as one token; "
+                          "give --tokenizer DIR")
+    cal.exact = cal.method == "server-tokenize"
 
 
 async def build_specs(session: aiohttp.ClientSession, target: Target, workload: Workload, cal: Calibration,

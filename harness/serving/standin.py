@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     web.run_app(make_app(args.ttft_ms / 1000, args.token_interval_ms / 1000, tokenize=args.tokenize),
                 host="127.0.0.1", port=args.port,
-                print=None, backlog=4096, access_log=None)
+                print=None, backlog=4096, access_log=None, shutdown_timeout=1.0)
     return 0
 
 
