@@ -185,6 +185,22 @@ _VLLM_VERSION = (
 )
 
 
+def _why_failed(proc: subprocess.CompletedProcess) -> str:
+    """The last line an interpreter wrote before failing, else how it ended (a signal, an exit code)."""
+    lines = [ln.strip() for ln in (proc.stderr or "").splitlines() + (proc.stdout or "").splitlines() if ln.strip()]
+    if lines:
+        return lines[-1][:300]
+    if proc.returncode < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        return f"killed by {name}, no output"
+    return f"exit code {proc.returncode}, no output"
+
+
 def probe_vllm(python: str | Path | None, timeout: float = 30) -> VllmProbe:
     """vLLM's version in another interpreter, from package metadata (no slow `import vllm`)."""
     if python is None:
@@ -195,8 +211,11 @@ def probe_vllm(python: str | Path | None, timeout: float = 30) -> VllmProbe:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return VllmProbe(python, error=f"cannot run {python}: {_first_line(exc)}")
     if out.returncode != 0:
-        return VllmProbe(python, error=f"{python} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    version = json.loads(out.stdout.strip() or "null")
+        return VllmProbe(python, error=f"{python} failed: {_why_failed(out)}")
+    try:
+        version = json.loads(out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "null")
+    except ValueError:
+        return VllmProbe(python, error=f"{python} is not a Python interpreter (it printed {out.stdout.strip()[:60]!r})")
     if version is None:
         return VllmProbe(python, error=f"vLLM is not installed in {python}")
     return VllmProbe(python, version)

@@ -35,7 +35,8 @@ def check_vllm_import(python: str | None, timeout: float = 180) -> CheckResult:
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        error = lines[-1] if lines else f"exit {proc.returncode}"
+        error = lines[-1] if lines else (f"killed by signal {-proc.returncode}, no output" if proc.returncode < 0
+                                         else f"exit code {proc.returncode}, no output")
         if re.search(r"invalid ELF header|file too short|not an ELF", error):
             fix = "vLLM's native extension is corrupt: reinstall vLLM (pip install --force-reinstall) in its venv"
         elif "undefined symbol" in error:
@@ -47,7 +48,11 @@ def check_vllm_import(python: str | None, timeout: float = 180) -> CheckResult:
         else:
             fix = "reinstall vLLM in its own venv (see README), then re-run"
         return CheckResult(check, "fail", f"{python}: {error}", exp, fix, {"stderr_tail": lines[-10:]})
-    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    try:
+        info = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return CheckResult(check, "fail", f"{python} printed no version ({proc.stdout.strip()[:80]!r}): not a Python "
+                           "interpreter with vLLM?", exp, "point --vllm-python at the venv's python")
     info["import_seconds"] = round(seconds, 2)
     return CheckResult(check, "pass", f"vLLM {info['version']} (torch {info['torch']}) imports in {seconds:.1f} s",
                        exp, details=info)

@@ -237,14 +237,21 @@ def make_session(limit: int = 0) -> aiohttp.ClientSession:
     )
 
 
-async def _probe_loop_lag(samples: list[float], stop: asyncio.Event, interval_s: float = 0.01) -> None:
+async def _probe_loop_lag(samples: list[float], stop: asyncio.Event, interval_s: float = 0.01,
+                          runnable: list[int] | None = None) -> None:
     loop = asyncio.get_running_loop()
+    tick = 0
     while not stop.is_set():
         due = loop.time() + interval_s
         fut = loop.create_future()
         loop.call_at(due, fut.set_result, None)
         await fut
         samples.append(loop.time() - due)
+        tick += 1
+        if runnable is not None and tick % 10 == 0:  # every ~100 ms: the machine's runnable tasks
+            count = hostload.runnable()
+            if count is not None:
+                runnable.append(count)
 
 
 async def run_load(
@@ -337,7 +344,8 @@ async def run_load(
     clock["t0"] = loop.time()
     started_wall = time.time()
     cpu_before = hostload.snapshot()
-    probe = asyncio.create_task(_probe_loop_lag(lag_samples, stop))
+    runnable: list[int] = []
+    probe = asyncio.create_task(_probe_loop_lag(lag_samples, stop, runnable=runnable))
     go.set_result(None)
     try:
         await asyncio.gather(*tasks)
@@ -346,7 +354,7 @@ async def run_load(
             task.cancel()
         stop.set()
         await probe
-        host = hostload.delta(cpu_before, hostload.snapshot())
+        host = hostload.delta(cpu_before, hostload.snapshot()) | hostload.contention(runnable)
         if gc_was_enabled:
             gc.enable()
         if own_session:

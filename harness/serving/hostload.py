@@ -3,13 +3,17 @@
 - its event-loop thread's wait for a CPU (the kernel's schedstat run delay): time the client was
   runnable but not running, so its timestamps were late;
 - the machine's CPU pressure (PSI, /proc/pressure/cpu "some"): the share of time at least one
-  runnable task waited for a CPU, i.e. how contended the cores that the server shares were.
+  runnable task waited for a CPU;
+- the machine's CPU contention: runnable tasks per core, sampled through the run (/proc/loadavg).
+  PSI saturates near 100% on a busy small machine; this does not: with 6 runnable tasks on 2
+  cores every task, the server's included, gets a third of a core.
 
 Linux only; elsewhere the figures are None and the gate falls back to schedule and loop lag.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +50,31 @@ def snapshot() -> CpuSnapshot:
                     if item.startswith("total="):
                         psi = int(item[6:])
     return CpuSnapshot(time.monotonic(), run, wait, psi)
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def runnable() -> int | None:
+    """Tasks running or ready to run right now, the reader included (/proc/loadavg's 4th field)."""
+    text = _read("/proc/loadavg")
+    try:
+        return int(text.split()[3].split("/")[0]) if text else None
+    except (IndexError, ValueError):
+        return None
+
+
+def contention(samples: list[int]) -> dict:
+    """Runnable tasks per core over the run: mean, and the factor by which demand exceeded the
+    cores (1.0: every runnable task had a core)."""
+    if not samples:
+        return {"runnable_mean": None, "cpu_contention": None}
+    mean = sum(samples) / len(samples)
+    return {"runnable_mean": mean, "cpu_contention": max(1.0, mean / cores())}
 
 
 def delta(before: CpuSnapshot, after: CpuSnapshot) -> dict:
