@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from harness.errors import CheckFailed
+from harness.errors import CheckFailed, UsageError
 from harness.serving.client import RequestSpec, Target, run_load
 from harness.serving.runner import preflight
 from harness.serving.client import make_session
@@ -113,7 +113,7 @@ def test_preflight_names_the_served_models(standin):
         finally:
             await session.close()
 
-    with pytest.raises(CheckFailed, match=r"'nope' is not served .* standin"):
+    with pytest.raises(UsageError, match=r"'nope' is not served .* standin"):
         asyncio.run(check())
 
 
@@ -163,3 +163,18 @@ def test_a_blocked_event_loop_is_reported_as_client_bound(standin):
     assert run["requests_ok"] == 30
     assert run["client_bound"] and run["schedule_lag_ms"]["p99"] > 10
     assert run["loop_lag_ms"]["p99"] > 10 and run["timing_warnings"]
+
+
+def test_the_client_measures_its_own_cpu_starvation_and_the_machines_contention(standin):
+    import sys
+
+    load = _load(standin, "standin", n=12, concurrency=4, out=20)
+    host = load.host
+    if not sys.platform.startswith("linux"):
+        pytest.skip("schedstat, PSI and /proc/loadavg are Linux's")
+    assert host["cpu_contention"] >= 1.0 and host["runnable_mean"] >= 1  # the reader itself runs
+    assert 0 <= host["client_runqueue_share"] <= 1.5 and 0 < host["client_cpu_share"] <= 1.5
+    run = summarize_run(load, concurrency=4, request_rate=None)
+    noise = run["client_noise"]
+    assert 0 <= noise["client_time_share"] < 1 and noise["schedule_lag_share"] <= noise["client_time_share"]
+    assert noise["cpu_contention"] == host["cpu_contention"]
