@@ -354,7 +354,7 @@ async def run_load(
             task.cancel()
         stop.set()
         await probe
-        host = hostload.delta(cpu_before, hostload.snapshot()) | hostload.contention(runnable)
+        host = hostload.delta(cpu_before, hostload.snapshot()) | hostload.in_run(runnable)
         if gc_was_enabled:
             gc.enable()
         if own_session:

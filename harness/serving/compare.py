@@ -11,9 +11,10 @@ beyond its threshold, and still does once what the client itself measured is tak
 - the client's own share of each request's time (schedule lag, and the event-loop lag by which it
   noticed each end late) lowers closed-loop throughput by about that share, and the loop lag
   makes every latency it times late by about that much;
-- the machine's CPU contention (runnable tasks per core, sampled through each run) and CPU
-  pressure (PSI) slow a server that shares the cores: contention 2.0 against 1.5 explains a
-  third more latency and a quarter less throughput.
+- the machine's CPU contention from other processes ((cores + their runnable tasks) / cores,
+  sampled with the server idle just before and after each run, so that a server's own threads
+  never excuse it) and CPU pressure (PSI) slow a server that shares the cores: contention 2.0
+  against 1.5 explains a third more latency and a quarter less throughput.
 
 When the candidate's side was more starved than the baseline's by enough to explain the change,
 the verdict is "inconclusive (client-bound)", not "regressed" (and symmetrically for
@@ -187,8 +188,9 @@ def client_margins(base: list[dict], cand: list[dict], source: str, base_value: 
     measured could account for, as a share of the baseline value.
 
     - its own share of the slots' time (throughput) or its event-loop lag (latency);
-    - the machine's CPU contention (runnable tasks per core): a CPU-bound server gets 1/contention
-      of the cores it would have alone, so contention 2.0 against 1.5 explains a third more latency;
+    - the machine's CPU contention from others ((cores + other runnable tasks) / cores, measured
+      with the server idle): a CPU-bound server gets 1/contention of the cores it would have alone,
+      so contention 2.0 against 1.5 explains a third more latency and a quarter less throughput;
     - the machine's CPU pressure (PSI), where it is not saturated.
     """
     if source == "run":  # throughput: the client's own share of the slots' time

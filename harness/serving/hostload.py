@@ -4,9 +4,11 @@
   runnable but not running, so its timestamps were late;
 - the machine's CPU pressure (PSI, /proc/pressure/cpu "some"): the share of time at least one
   runnable task waited for a CPU;
-- the machine's CPU contention: runnable tasks per core, sampled through the run (/proc/loadavg).
-  PSI saturates near 100% on a busy small machine; this does not: with 6 runnable tasks on 2
-  cores every task, the server's included, gets a third of a core.
+- the machine's CPU contention from others: runnable tasks (/proc/loadavg) sampled while the
+  server is idle, just before and after a run, so that the server's own threads never count.
+  A CPU-bound server that wants the machine's K cores, beside B other runnable tasks, gets about
+  K / (K + B) of them: `cpu_contention` = (K + B) / K (1.0 on a quiet machine, 1.5 with one busy
+  loop on 2 cores). PSI saturates near 100% on a busy small machine; this does not.
 
 Linux only; elsewhere the figures are None and the gate falls back to schedule and loop lag.
 """
@@ -68,13 +70,31 @@ def runnable() -> int | None:
         return None
 
 
-def contention(samples: list[int]) -> dict:
-    """Runnable tasks per core over the run: mean, and the factor by which demand exceeded the
-    cores (1.0: every runnable task had a core)."""
+def in_run(samples: list[int]) -> dict:
+    """Runnable tasks sampled during a run (the server's and the client's included): context only."""
+    return {"runnable_mean": sum(samples) / len(samples) if samples else None}
+
+
+def background(samples: list[int]) -> dict:
+    """Contention from others, from runnable counts taken while the server was idle (each count
+    includes the one reading it, which stands in for nothing else: it is taken off)."""
     if not samples:
-        return {"runnable_mean": None, "cpu_contention": None}
-    mean = sum(samples) / len(samples)
-    return {"runnable_mean": mean, "cpu_contention": max(1.0, mean / cores())}
+        return {"background_runnable": None, "cpu_contention": None}
+    others = max(0.0, sum(samples) / len(samples) - 1)
+    k = cores()
+    return {"background_runnable": others, "cpu_contention": (k + others) / k}
+
+
+async def sample_runnable(duration_s: float = 0.2, interval_s: float = 0.05) -> list[int]:
+    import asyncio
+
+    out = []
+    for _ in range(max(1, round(duration_s / interval_s))):
+        count = runnable()
+        if count is not None:
+            out.append(count)
+        await asyncio.sleep(interval_s)
+    return out
 
 
 def delta(before: CpuSnapshot, after: CpuSnapshot) -> dict:

@@ -13,7 +13,7 @@ import aiohttp
 
 from .. import __version__
 from ..errors import CheckFailed, UsageError
-from . import metrics, prompts, results
+from . import hostload, metrics, prompts, results
 from .client import LoadResult, RequestSpec, Target, make_session, run_load
 from .stats import SLO, summarize_run
 from .workload import PromptTokenizer, Workload
@@ -202,6 +202,7 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int) -
             _say(cfg, f"  {label} repeat {rep + 1}/{cfg.repeats}: {done}/{total} requests, {now - started:.0f} s")
 
     records: list = []
+    idle = await hostload.sample_runnable()  # the machine's load from others, our server idle
     try:
         load = await run_load(cfg.target, specs, concurrency=level, request_rate=cfg.request_rate,
                               ramp_up_s=cfg.ramp_up_s, seed=cfg.workload.seed + rep, on_progress=progress,
@@ -219,6 +220,8 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int) -
     finally:
         series = await sampler.stop() if sampler else []
     after = await metrics.settled(session, cfg.target.base_url) if before else None
+    idle += await hostload.sample_runnable()
+    load.host.update(hostload.background(idle))
     return summarize_run(
         load, concurrency=level, request_rate=cfg.request_rate, slo=cfg.slo,
         server_delta=metrics.delta(before, after), server_timeseries=series,
