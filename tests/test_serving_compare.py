@@ -223,6 +223,10 @@ def test_malformed_results_are_one_line_exit_2(tmp_path, capsys):
     }
     lots = make_results(seed=2)
     lots["runs"][1]["concurrency"] = "lots"
+    no_machine = make_results(seed=3)  # found by the fuzzer: valid, and once a crash in the fingerprint
+    no_machine["environment"]["machine"] = None
+    (tmp_path / "no-machine.json").write_text(json.dumps(no_machine))
+    assert _main(capsys, "compare", str(base), str(tmp_path / "no-machine.json"), "--allow-diff", "hardware").returncode == 0
     cases["lots.json"] = (json.dumps(lots), "runs[1].concurrency")
     for name, (content, words) in cases.items():
         path = tmp_path / name

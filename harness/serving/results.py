@@ -44,11 +44,11 @@ def _cpu_model() -> str:
 
 def fingerprint(results: dict) -> dict:
     """The comparable identity of a results file: field -> canonical value."""
-    env = results.get("environment", {})
-    workload = dict(results.get("workload", {}))
+    env = results.get("environment") or {}
+    workload = dict(results.get("workload") or {})
     for volatile in ("num_prompts", "concurrency", "request_rate", "repeats", "warmup", "timeout_s"):
         workload.pop(volatile, None)  # the set of runs may differ; compare matches runs itself
-    mach = env.get("machine", {})
+    mach = env.get("machine") or {}  # null in a file is allowed: no machine recorded
     return {
         "model": env.get("model_id") or env.get("model"),
         "flags": list(env.get("flags") or []),
