@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from . import plan_vllm
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="DIR|config.json|NAME",
                         help="model directory, config.json, or a reference name (harness/configs)")
-    parser.add_argument("--budget", required=True, help="VRAM of the card, e.g. 6GiB, 8GB")
+    parser.add_argument("--budget", help="VRAM of the card, e.g. 6GiB, 8GB (required unless --engine vllm)")
     parser.add_argument("--train", action="store_true", help="plan LoRA/QLoRA training instead of inference")
     parser.add_argument("--precision", default=None, help="comma list (default: all)")
     parser.add_argument("--context-bytes", default=None,
@@ -19,14 +21,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-seq-len", type=int, default=2048, help="sequence length for the batch limit")
     parser.add_argument("--lora-r", type=int, default=16)
     parser.add_argument("--json", action="store_true")
+    plan_vllm.add_arguments(parser)  # --engine and the vLLM options (issue 15)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return plan_vllm.run(args)
+    plan_vllm.reject_vllm_options(args)
     from ..memory import budget as B
     from ..errors import UsageError
     from ..memory.estimate import PRECISIONS, model_shape
     from ..units import format_bytes, parse_bytes
 
+    if args.budget is None:
+        raise UsageError("--budget is required (or plan vLLM's server with --engine vllm)")
     budget = parse_bytes(args.budget, "--budget")
     context = parse_bytes(args.context_bytes, "--context-bytes") if args.context_bytes else B.DEFAULT_CONTEXT_BYTES
     headroom = B.DEFAULT_HEADROOM if args.headroom is None else args.headroom
