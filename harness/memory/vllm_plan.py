@@ -14,9 +14,11 @@ vLLM sizes its KV cache once, at start-up (read from its source, per version ran
   T x (3h + 3I) x dtype bytes (Llama-3.1-8B at 20k/29k tokens: 2.06/2.99 GiB predicted, 2.07/2.99
   logged). Sampler: requests x vocab x 37.5 bytes (fp16 logits, their fp32 copy, sort values and
   int64 indices of top-p/top-k, softmax buffers; measured from two logs that differ only in
-  max_num_seqs: (1.78 - 1.61) GiB / (32 x 151936)); with FlashInfer's sampler ~14.5 bytes (one log: 0.45 GiB peak for 256 x 128256 logits); the V2
-  model runner's dummy sampler skips top-k/top-p: ~6 bytes (logits in both dtypes). Kernels that
-  dequantize a whole weight (AWQ/GPTQ before sm80, bitsandbytes) add the largest layer in fp16.
+  max_num_seqs: (1.78 - 1.61) GiB / (32 x 151936)); with FlashInfer's sampler ~14.5 bytes (one
+  log: 0.45 GiB for 256 x 128256 logits); the V2 model runner's dummy sampler skips top-k/top-p:
+  ~6 bytes (the logits in both dtypes). Kernels that dequantize a whole weight (AWQ/GPTQ before
+  sm80, bitsandbytes) add the largest layer in fp16. The larger of forward and sampler counts:
+  the forward's tensors are freed before the sampler runs, except the hidden states.
 - non-torch and what else is counted depends on the version (see REGIMES below).
 - CUDA graphs are captured after the KV cache is allocated; from 0.20 vLLM first estimates their
   memory and subtracts it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default).
@@ -116,6 +118,7 @@ class ModelFacts:
     group_size: int = 128
     weight_bits: int = 4
     stored_weights_bytes: int | None = None  # from safetensors headers (checkpoint as stored)
+    not_modelled: str = ""  # an architecture feature the plan does not model (MoE, MLA, sliding window)
 
     @property
     def padded_vocab(self) -> int:
@@ -176,13 +179,26 @@ def model_facts(spec: str | Path | dict) -> ModelFacts:
     if directory is not None:
         stored = _safetensors_bytes(directory)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").replace("torch.", "")
+    features = []
+    if any(config.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+        features.append("mixture of experts")
+    if config.get("kv_lora_rank"):
+        features.append("multi-head latent attention")
+    if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []) or (
+            config.get("sliding_window") and config.get("use_sliding_window") is None
+            and facts_family(config) in ("mistral", "gemma2", "gemma3", "cohere2")):
+        features.append("sliding-window layers")
     return ModelFacts(
         name=name, layers=shape.layers, hidden=shape.hidden, intermediate=shape.intermediate,
         kv_heads=shape.kv_heads, head_dim=shape.head_dim, vocab=shape.vocab, tied=shape.tied,
         max_position=int(config.get("max_position_embeddings") or 4096), rotary_dim=rotary_dim,
         config_dtype=dtype, params=shape.total_params, linears=linears, quantization=quant,
-        group_size=group, weight_bits=bits, stored_weights_bytes=stored,
+        group_size=group, weight_bits=bits, stored_weights_bytes=stored, not_modelled=", ".join(features),
     )
+
+
+def facts_family(config: dict) -> str:
+    return str(config.get("model_type") or "").lower()
 
 
 def _safetensors_bytes(directory: Path) -> int | None:
@@ -419,7 +435,7 @@ class VllmPlan:
     max_model_len: int = 0
     largest_max_model_len: int | None = None
     smallest_gpu_memory_utilization: float | None = None
-    largest_gpu_memory_utilization: float | None = None  # set when the free-memory check failed
+    largest_gpu_memory_utilization: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -454,6 +470,9 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, Settings]:
     act = activation_bytes(facts, s, q.gpu, lora)
     graphs = 0 if q.enforce_eager else CUDA_GRAPH_BYTES
     notes: list[str] = []
+    if facts.not_modelled:
+        notes.append(f"{facts.not_modelled}: not modelled (KV per token and activation assume a dense "
+                     "decoder with full attention in every layer)")
     total = q.gpu.total_bytes
     requested = math.ceil(total * q.gpu_memory_utilization)
     weights_counted = weights
@@ -501,6 +520,21 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, Settings]:
             reason = (f"max_model_len {q.max_model_len} needs {needed_blocks} KV blocks "
                       f"({needed_blocks * bytes_per_block / GiB:.2f} GiB), only {usable_blocks} fit "
                       f"({usable_blocks * q.block_size} tokens)")
+    if starts:
+        # What is physically on the card once the KV cache (and then the CUDA graphs) are
+        # allocated; the dummy run's activation has been handed back by then. Versions that count
+        # the CUDA context and other processes inside the utilization cannot overshoot this way;
+        # the others can, at utilizations near 1.
+        before = 0 if s.regime == "absolute" else CUDA_CONTEXT_BYTES + q.other_process_bytes
+        after_graphs = before + requested - act + (graphs - subtracted_graphs)
+        if after_graphs > total:
+            starts = False
+            stage = "allocating the KV cache" if before + requested - act > total else "capturing CUDA graphs"
+            reason = (f"CUDA out of memory expected while {stage}: CUDA context"
+                      f"{' and other processes' if q.other_process_bytes else ''} ({before / GiB:.2f} GiB) + "
+                      f"utilization x total ({requested / GiB:.2f} GiB) - activation handed back "
+                      f"({act / GiB:.2f} GiB){' + CUDA graphs' if graphs - subtracted_graphs else ''} > "
+                      f"{total / GiB:.2f} GiB on the card")
     if s.version < (0, 20) and not q.enforce_eager:
         notes.append(f"CUDA graphs (~{graphs / GiB:.1f} GiB) are captured after the KV cache and come out "
                      f"of the {1 - q.gpu_memory_utilization:.0%} left outside the utilization")
@@ -529,20 +563,19 @@ def plan(facts: ModelFacts, q: VllmQuery, *, search: bool = True) -> VllmPlan:
     result, s = _core(facts, q)
     if not result.starts and search and not result.reason.startswith("FP8 weights"):
         result.largest_max_model_len = _largest_len(facts, q)
-        result.smallest_gpu_memory_utilization = _smallest_util(facts, q)
-        limit = utilization_limit(q, s.version, s.engine)
+        window = _utilization_window(facts, q)
         hints = []
-        low = result.smallest_gpu_memory_utilization
-        if low is not None and low < q.gpu_memory_utilization:
-            result.largest_gpu_memory_utilization = limit
-            hints.append(f"--gpu-memory-utilization between {low} and {limit} would start")
-        elif low is not None:
-            hints.append(f"--gpu-memory-utilization {low} would start")
+        if window is not None:
+            low, high = window
+            result.smallest_gpu_memory_utilization, result.largest_gpu_memory_utilization = low, high
+            hints.append(f"--gpu-memory-utilization {low} would start" if low == high else
+                         f"--gpu-memory-utilization between {low} and {high} would start")
         if result.largest_max_model_len:
             hints.append(f"--max-model-len {result.largest_max_model_len} would start")
         if not hints:
-            hints.append("no max-model-len or utilization starts it on this card: quantize the weights "
-                         "or the KV cache, lower --max-num-seqs, or use a larger card")
+            hints.append("neither a shorter --max-model-len at this utilization nor another utilization at "
+                         "this length starts it: quantize the weights or the KV cache, lower --max-num-seqs "
+                         "or --max-num-batched-tokens, or use a larger card")
         result.reason += "; " + "; ".join(hints)
     return result
 
@@ -580,14 +613,15 @@ def _largest_len(facts: ModelFacts, q: VllmQuery) -> int | None:
     return best
 
 
-def _smallest_util(facts: ModelFacts, q: VllmQuery) -> float | None:
-    """Smallest utilization (2 decimals) that starts with the asked max_model_len, within what the
-    card allows; it may be lower than the asked one when the free-memory check is what failed."""
+def _utilization_window(facts: ModelFacts, q: VllmQuery) -> tuple[float, float] | None:
+    """The utilizations (2 decimals) that start with the asked max_model_len: at least enough for
+    the KV cache to hold one request, at most what is free (V1) or what leaves room for the CUDA
+    context and graphs. None when no utilization does."""
     s = resolve(facts, q)
     limit = utilization_limit(q, s.version, s.engine)
-    candidates = [u / 100 for u in range(1, int(round(limit * 100)) + 1)]
-    ok = [u for u in candidates if _starts(facts, replace(q, gpu_memory_utilization=u))[0]]
-    return ok[0] if ok else None
+    ok = [u / 100 for u in range(1, int(round(limit * 100)) + 1)
+          if _starts(facts, replace(q, gpu_memory_utilization=u / 100))[0]]
+    return (ok[0], ok[-1]) if ok else None
 
 
 # ---------------------------------------------------------------------------------------------
