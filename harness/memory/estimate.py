@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import UsageError
+from ..models import CONFIG_DIR
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "nf4-dq", "fp4", "fp4-dq")
 MODES = ("weights", "prefill", "generate", "train")
@@ -273,7 +274,7 @@ def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
         if not path.is_file():
             raise UsageError(f"{directory} has no config.json")
     elif not path.is_file():
-        ref = Path(__file__).resolve().parent / "configs" / f"{spec}.json"
+        ref = CONFIG_DIR / f"{spec}.json"
         if not ref.is_file():
             raise UsageError(f"--config: {str(spec)!r} is neither a file, a model directory nor a "
                              f"reference name")
