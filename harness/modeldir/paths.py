@@ -155,6 +155,11 @@ class _CountingFile:
         self._view.bytes_read += len(data)
         return data
 
+    def readline(self, limit: int = -1) -> bytes:
+        data = self._fh.readline(limit)
+        self._view.bytes_read += len(data)
+        return data
+
     def readinto(self, buffer) -> int:
         n = self._fh.readinto(buffer)
         self._view.bytes_read += n or 0

@@ -44,8 +44,8 @@ class PickleScan:
     @property
     def accepted(self) -> bool:
         """torch.load(weights_only=True)'s rule holds for every pickle (warnings aside)."""
-        return not (self.dangerous or self.unresolved or self.refused or self.unreadable or self.problems
-                    or self.torch_refuses)
+        return not (self.dangerous or self.unresolved or self.refused or self.known_safe or self.unreadable
+                    or self.problems or self.torch_refuses)
 
     @property
     def error(self) -> str | None:  # kept for callers of the first version

@@ -80,6 +80,8 @@ def scan_file(fh, size: int, allow: AllowList) -> FileScan:
     fh.seek(0)
     scan = FileScan()
     budget = _Budget()
+    if _is_safetensors(head, size) or head.startswith(b"GGUF"):
+        return scan  # their headers are JSON / GGUF metadata: nothing a loader unpickles
     if head.startswith(b"PK\x03\x04") or (head.startswith(b"PK\x05\x06") and size <= 65557):
         _scan_zip(fh, size, allow, scan, budget)
     elif head.startswith(b"\x93NUMPY"):
@@ -104,6 +106,12 @@ def scan_file(fh, size: int, allow: AllowList) -> FileScan:
                 scan.kind = "torch legacy" if legacy else "pickle"
                 scan.pickles += chain
     return scan
+
+
+def _is_safetensors(head: bytes, size: int) -> bool:
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    return 8 + int.from_bytes(head[:8], "little") <= size
 
 
 # -- raw pickle streams ----------------------------------------------------------------------------

@@ -171,6 +171,7 @@ class _Machine:
         self.stack: list = []
         self.metastack: list[list] = []
         self.memo: dict[int, object] = {}
+        self.imported: set[str] = set()
 
     # stack helpers: an empty stack is an unpickling error, as in the C unpickler
     def pop(self):
@@ -206,6 +207,7 @@ class _Machine:
         mod_text, name_text = resolve_name(mod_text, name_text, self.run.protocol)
         imp = Import(mod_text, name_text, opcode, offset)
         self.run.imports.append(imp)
+        self.imported.add(imp.full)
         allowed = self.allow.allowed(imp.full)
         if not allowed:
             self.violate("global", f"imports {imp.full}", offset, imp.full)
@@ -475,7 +477,8 @@ class _Machine:
         self.pop()
         inst = self.top()
         if not (isinstance(inst, _Made) and inst.buildable):
-            self.violate("build", f"BUILD (__setstate__) on {_describe(inst)}", pos)
+            maker = inst.maker if isinstance(inst, _Made) and inst.maker in self.imported else None
+            self.violate("build", f"BUILD (__setstate__) on {_describe(inst)}", pos, maker)
 
     def _persistent(self, pid, pos, opcode):
         storage = (isinstance(pid, tuple) and pid and isinstance(pid[0], (str, bytes))
