@@ -86,10 +86,10 @@ def _ours(files: list[dict], work: Path) -> dict[str, dict]:
     return out
 
 
-def _peer(tool: str, python: str, files: list[dict]) -> dict[str, dict]:
+def _peer(tool: str, python: str, files: list[dict], work: Path) -> dict[str, dict]:
     paths = [f["path"] for f in files]
     done = subprocess.run([python, "-c", _PEER_DRIVER, tool], input=json.dumps(paths), capture_output=True,
-                          text=True, timeout=1800)
+                          text=True, timeout=1800, cwd=work)  # fickling writes safety_results.json into cwd
     if done.returncode != 0:
         raise SystemExit(f"{tool} driver failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"no {args.scanners_python}: peers skipped", file=sys.stderr)
                 break
             started = time.monotonic()
-            results[tool] = _peer(tool, args.scanners_python, files)
+            results[tool] = _peer(tool, args.scanners_python, files, work)
             timings[tool] = time.monotonic() - started
             print(f"{tool}: {timings[tool]:.1f} s", file=sys.stderr)
         table, summary = _table(files, results)
