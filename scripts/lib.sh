@@ -51,7 +51,20 @@ ensure_all_venvs() {  # the three installs in parallel; fail if any failed
   local pids=() v
   ensure_harness_venv & pids+=($!)
   for v in $VLLM_VERSIONS; do ensure_vllm_venv "$v" & pids+=($!); done
+  ensure_scanners_venv & pids+=($!)
   local rc=0 pid
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   return $rc
+}
+
+ensure_scanners_venv() {  # picklescan, modelscan, fickling for benchmarks/pickle/compare_scanners.py (issue 12)
+  local venv="$ROOT/.venvs/scanners"
+  local want="picklescan==1.0.5 modelscan==0.8.8 fickling==0.1.12 typing_extensions"
+  if stamp_matches "$venv" "$want"; then say ".venvs/scanners is up to date"; return 0; fi
+  say "creating .venvs/scanners ($want) ..."
+  mkdir -p "$ROOT/.venvs"
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  pip_quiet "$venv/bin/python" -m pip install -q $want
+  echo "$want" > "$venv/.harness-stamp"
+  say ".venvs/scanners ready"
 }
