@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 python3 -c "import xdist, torch; print('pytest-xdist', xdist.__version__, 'torch', torch.__version__)"
 start=$(date +%s.%N)
-timeout 170 python3 -m pytest -n auto suites/hw --hw-level full -k "not memory_write_verify" --expect-gpu \
+timeout 110 python3 -m pytest -n auto suites/hw --hw-level full -k "not memory_write_verify" --expect-gpu \
     -p no:cacheprovider -rA --report-dir /tmp/reports-xdist >"$OUT/xdist.log" 2>&1
 rc=$?
 end=$(date +%s.%N)
