@@ -10,9 +10,13 @@ interpreter that hangs at import).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,3 +90,52 @@ def processes_with(marker: str) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def _node_tests(report_dir: Path, name: str) -> int:
+    """Tests node `name` has finished so far, from the partial fleet report the CLI rewrites."""
+    runs = sorted(report_dir.glob("fleet-2*.json"))
+    try:
+        report = json.loads(runs[-1].read_text()) if runs else {}
+    except (OSError, ValueError):
+        return 0
+    return next((n["tests_done"] for n in report.get("nodes", []) if n["name"] == name), 0)
+
+
+def three_node_run(tmp: Path, report_dir: Path, timeout_s: float = 150) -> dict:
+    """The must-show run: `harness fleet` on node-a (healthy, no vLLM of its own), node-b (a corrupt
+    vLLM native extension) and node-c (hangs in the vLLM import check and is killed once it has
+    reported finished tests). Returns the CLI's exit code, output and the wall times."""
+    from test_hw_suite_wiring import _broken_vllm
+
+    checkout = node_checkout(tmp)
+    nodes = [{"name": "node-a"},
+             {"name": "node-b", "env": {"HARNESS_VLLM_PYTHON": str(VLLM_PYTHON),
+                                        "PYTHONPATH": str(_broken_vllm(tmp))}},
+             {"name": "node-c", "env": {"HARNESS_VLLM_PYTHON": str(hanging_vllm_python(tmp))}}]
+    t_start = time.monotonic()
+    proc = None
+    with local_cluster(nodes) as (cluster, started):
+        try:
+            t0 = time.monotonic()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "harness", "fleet", "--address", cluster.address, "--timeout", str(timeout_s),
+                 "--root", str(checkout), "--report-dir", str(report_dir), "--", "suites/hw", "-q"],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            while _node_tests(report_dir, "node-c") < 1:
+                if proc.poll() is not None:
+                    raise AssertionError(f"fleet ended before node-c reported: {proc.communicate()}")
+                if time.monotonic() - t0 > timeout_s:
+                    raise AssertionError("node-c never reported a finished test")
+                time.sleep(0.3)
+            killed_at = time.monotonic() - t0
+            cluster.remove_node(started["node-c"], allow_graceful=False)
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+            wall = time.monotonic() - t0
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return {"returncode": proc.returncode, "stdout": stdout, "stderr": stderr, "fleet_wall_s": round(wall, 1),
+            "node_c_killed_at_s": round(killed_at, 1), "cluster_start_s": round(t0 - t_start, 1),
+            "total_s": round(time.monotonic() - t_start, 1)}

@@ -11,12 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from fleet_helpers import ROOT, VLLM_PYTHON, hanging_vllm_python, local_cluster, node_checkout, processes_with
+from fleet_helpers import ROOT, VLLM_PYTHON, processes_with, three_node_run
 
 pytest.importorskip("ray", reason="the fleet extra is not installed (pip install -e '.[fleet]')")
 needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.exists(),
@@ -28,52 +27,13 @@ def _fleet(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def _latest_partial(report_dir: Path) -> dict | None:
-    runs = sorted(p for p in report_dir.glob("fleet-2*.json"))
-    try:
-        return json.loads(runs[-1].read_text()) if runs else None
-    except (OSError, ValueError):
-        return None
-
-
-def _node_tests(report: dict | None, name: str) -> int:
-    for n in (report or {}).get("nodes", []):
-        if n["name"] == name:
-            return n["tests_done"]
-    return 0
-
-
 @needs_vllm
 def test_three_nodes_fault_and_killed_node_are_named(tmp_path):
-    from test_hw_suite_wiring import _broken_vllm
-
-    reports, checkout = tmp_path / "reports", node_checkout(tmp_path)
-    nodes = [{"name": "node-a"},
-             {"name": "node-b", "env": {"HARNESS_VLLM_PYTHON": str(VLLM_PYTHON),
-                                        "PYTHONPATH": str(_broken_vllm(tmp_path))}},
-             {"name": "node-c", "env": {"HARNESS_VLLM_PYTHON": str(hanging_vllm_python(tmp_path))}}]
-    proc = None
-    with local_cluster(nodes) as (cluster, started):
-        try:
-            t0 = time.monotonic()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "harness", "fleet", "--address", cluster.address, "--timeout", "150",
-                 "--root", str(checkout), "--report-dir", str(reports), "--", "suites/hw", "-q"],
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            # node-c hangs in the vLLM import check: kill the node once it has reported finished tests
-            while _node_tests(_latest_partial(reports), "node-c") < 1:
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() - t0 < 150, "node-c never reported a finished test"
-                time.sleep(0.3)
-            cluster.remove_node(started["node-c"], allow_graceful=False)
-            stdout, stderr = proc.communicate(timeout=120)
-            wall = time.monotonic() - t0
-        finally:
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    print(f"three-node fleet run: {wall:.1f} s wall\n{stdout}")
-    assert proc.returncode == 1, stdout + stderr[-3000:]
+    reports = tmp_path / "reports"
+    run = three_node_run(tmp_path, reports)
+    stdout = run["stdout"]
+    print(f"three-node fleet run: {run['fleet_wall_s']} s wall (cluster start {run['cluster_start_s']} s)\n{stdout}")
+    assert run["returncode"] == 1, stdout + run["stderr"][-3000:]
     report = json.loads((reports / "fleet-latest.json").read_text())
     assert report["kind"] == "fleet-run" and report["status"] == "finished" and not report["ok"]
     by_name = {n["name"]: n for n in report["nodes"]}
