@@ -83,6 +83,7 @@ def test_dead_node_keeps_what_it_finished_and_failures_name_the_fix():
     assert report.expected_tests == 26
     assert by["dead"].verdict == "died" and by["dead"].tests_done == 9
     assert by["dead"].reason == "died mid-run after 9 of 26 tests: NodeDiedError: Task failed"
+    assert by["broken"].reason == "1 failed: bnb_native_library (fix: reinstall bitsandbytes with CUDA)"
     assert by["broken"].verdict == "not ready" and by["broken"].failures == [
         {"test": "test_bnb_native_library", "message": "bnb_native_library: FAIL - libbitsandbytes_cpu.so loaded",
          "fix": "reinstall bitsandbytes with CUDA"}]

@@ -70,7 +70,7 @@ def test_errors_are_one_line_without_a_cluster_or_ray(tmp_path):
                                "sys.exit(main(['fleet', '--address', '127.0.0.1:1']))"],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert no_ray.returncode == 2 and no_ray.stderr.strip() == \
-        "harness fleet: error: Ray is not installed: pip install -e '.[fleet]' (Ray)"
+        "harness fleet: error: Ray is not installed: pip install -e '.[fleet]'"
 
     own_dir = _fleet("--address", "127.0.0.1:1", "--", "suites/hw", "--report-dir", "x")
     assert own_dir.returncode == 2 and "--report-dir is set per node by fleet" in own_dir.stderr

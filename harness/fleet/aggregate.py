@@ -163,6 +163,9 @@ def summarise_node(outcome: dict[str, Any], expected_tests: int = 0) -> NodeSumm
     elif state == "finished" and failures:
         verdict = "not ready"
         reason = f"{len(failures)} failed: " + ", ".join(f["test"].removeprefix("test_") for f in failures)
+        first_fix = next((f["fix"] for f in failures if f["fix"]), "")
+        if first_fix:
+            reason += f" (fix: {first_fix})"
     elif state == "finished":
         verdict, reason = "error", f"pytest exited {outcome.get('exit_code')} ({done} tests recorded)"
     elif state == "died":

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from ..errors import UsageError
 from . import node_run
 
-INSTALL_HINT = "pip install -e '.[fleet]' (Ray)"
+INSTALL_HINT = "pip install -e '.[fleet]'"
 POLL_S = 1.0  # how often the driver reads the board and Ray's node table
 GRACE_S = 60.0  # past a node's own timeout, how long the driver waits before it gives up on it
 
@@ -102,7 +102,7 @@ def alive_nodes(ray) -> list[NodeInfo]:
                             name=n.get("NodeName") or n.get("NodeManagerAddress", "?"), gpus=resources.get("GPU", 0.0),
                             resources=resources, labels=dict(n.get("Labels") or {}),
                             is_driver_node=n["NodeID"] == driver_node))
-    return sorted(out, key=lambda i: (not i.is_driver_node, i.ip, i.node_id))
+    return sorted(out, key=lambda i: (i.name, i.node_id))
 
 
 def _first_line(exc: BaseException) -> str:
