@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,15 @@ def test_errors_are_one_line_without_a_cluster_or_ray(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert no_ray.returncode == 2 and no_ray.stderr.strip() == \
         "harness fleet: error: Ray is not installed: pip install -e '.[fleet]'"
+
+    with socket.socket() as not_ray:  # a port that answers TCP but is no Ray head: ray.init would retry for minutes
+        not_ray.bind(("127.0.0.1", 0))
+        not_ray.listen()
+        port = not_ray.getsockname()[1]
+        silent = _fleet("--address", f"127.0.0.1:{port}", "--connect-timeout", "5", "--report-dir", str(tmp_path))
+    assert silent.returncode == 2 and silent.stderr.strip().splitlines()[-1] == (
+        f"harness fleet: error: cannot connect to the Ray cluster at 127.0.0.1:{port}: no answer within 5 s "
+        "(is it the head's GCS port, 6379 by default?)")
 
     own_dir = _fleet("--address", "127.0.0.1:1", "--", "suites/hw", "--report-dir", "x")
     assert own_dir.returncode == 2 and "--report-dir is set per node by fleet" in own_dir.stderr

@@ -29,6 +29,8 @@ def add_arguments(parser) -> None:
                         help="the harness checkout on every node, where pytest runs (default: this checkout's path)")
     parser.add_argument("--python", default=None,
                         help="the python that runs pytest on the nodes (default: the one Ray runs there)")
+    parser.add_argument("--connect-timeout", type=float, default=30.0,
+                        help="seconds to wait for the cluster to answer before giving up (default 30)")
     parser.add_argument("--gpu-nodes-only", action="store_true", help="skip nodes whose Ray resources hold no GPU")
     parser.add_argument("--report-dir", default=None, help="where the fleet report goes (default: reports/)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER,
@@ -49,13 +51,14 @@ def run(args) -> int:
     root = Path(__file__).resolve().parents[2]
     if not args.address:
         raise UsageError("--address: give the Ray cluster's address (host:port of its head) or set RAY_ADDRESS")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout: {args.timeout:g} is not a positive number of seconds")
+    for flag, value in (("--timeout", args.timeout), ("--connect-timeout", args.connect_timeout)):
+        if value <= 0:
+            raise UsageError(f"{flag}: {value:g} is not a positive number of seconds")
     pytest_args = _pytest_args(args.pytest_args)
     report_dir = settings_mod.resolve({"report_dir": args.report_dir}, root=root).report_dir
     node_root = args.root or str(root)
 
-    ray = cluster.connect(args.address)
+    ray = cluster.connect(args.address, args.connect_timeout)
     try:
         nodes = cluster.alive_nodes(ray)
         if args.gpu_nodes_only:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -75,18 +77,34 @@ def _reachable(address: str, timeout_s: float = 5.0) -> None:
         raise UsageError(f"cannot reach a Ray cluster at {address}: {exc.strerror or exc}") from None
 
 
-def connect(address: str):
-    """ray.init against an existing cluster; one-line errors for a missing Ray or a bad address."""
+def connect(address: str, timeout_s: float = 30.0):
+    """ray.init against an existing cluster; one-line errors for a missing Ray or a bad address.
+
+    ray.init retries for minutes against a port that answers but is no Ray head: past `timeout_s`
+    the process says so in one line and exits 2 (the init cannot be cancelled from Python).
+    """
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # the core's retry warnings, one per second
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # quiet a FutureWarning
     ray = _import_ray()
     _reachable(address)
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # quiet the FutureWarning
+
+    def give_up() -> None:
+        sys.stderr.write(f"harness fleet: error: cannot connect to the Ray cluster at {address}: no answer within "
+                         f"{timeout_s:.0f} s (is it the head's GCS port, 6379 by default?)\n")
+        sys.stderr.flush()
+        os._exit(2)
+
+    watchdog = threading.Timer(timeout_s, give_up)
+    watchdog.daemon = True
+    watchdog.start()
     try:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False,
-                 ignore_reinit_error=True)
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, ignore_reinit_error=True)
     except Exception as exc:  # ConnectionError, RuntimeError, grpc errors: all one line
         text = str(exc).strip().splitlines()
         raise UsageError(f"cannot connect to the Ray cluster at {address}: {text[0] if text else type(exc).__name__}") \
             from None
+    finally:
+        watchdog.cancel()
     return ray
 
 
@@ -145,6 +163,20 @@ def run_on_fleet(ray, nodes: list[NodeInfo], root: str, pytest_args: list[str], 
     deadline = time.monotonic() + timeout_s + GRACE_S
     snapshots: dict[str, dict] = {}
     seen = None
+
+    def lost() -> None:  # last resort: a Ray call that never returns (the head gone) must not hang the run
+        for node_id in refs.values():
+            o = outcomes[node_id]
+            o.state, o.error = "timed out", "the driver lost the cluster (Ray stopped answering)"
+            o.results = snapshots.get(node_id, {}).get("results", o.results)
+        on_progress(list(outcomes.values()))
+        sys.stderr.write("harness fleet: error: Ray stopped answering; the partial report is written\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    watchdog = threading.Timer(timeout_s + GRACE_S + 120, lost)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         while refs and time.monotonic() < deadline:
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=POLL_S)
@@ -177,6 +209,7 @@ def run_on_fleet(ray, nodes: list[NodeInfo], root: str, pytest_args: list[str], 
             _cancel(ray, ref)
         raise
     finally:
+        watchdog.cancel()
         on_progress(list(outcomes.values()))
     return list(outcomes.values())
 
