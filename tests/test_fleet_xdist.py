@@ -63,8 +63,10 @@ def test_workers_get_their_own_gpu_and_one_report(tmp_path):
     workers = {r["worker"]: r for r in results["tables"]["Workers"]}
     dead = workers[crashed["record"]["xdist_worker"]]
     assert dead["status"].startswith("crashed") and dead["CUDA_VISIBLE_DEVICES"] == crashed["record"]["cuda_visible_devices"]
+    # xdist starts a replacement at once; which GPU it gets depends on whether the other worker is
+    # still running then (the rule itself: test_pick_gpu_balances_and_refills_a_crashed_workers_gpu)
     replacement = [w for w in workers.values() if w["worker"] not in ("gw0", "gw1")]
-    assert len(replacement) == 1 and replacement[0]["CUDA_VISIBLE_DEVICES"] == dead["CUDA_VISIBLE_DEVICES"]
+    assert len(replacement) == 1 and replacement[0]["CUDA_VISIBLE_DEVICES"] in ("3", "5")
     assert sum(w["tests"] for w in workers.values()) == len(tests)
 
     # only the controller wrote: one run's JSON and HTML, and their latest.* copies

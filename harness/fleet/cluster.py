@@ -165,7 +165,7 @@ def run_on_fleet(ray, nodes: list[NodeInfo], root: str, pytest_args: list[str], 
     seen = None
 
     def lost() -> None:  # last resort: a Ray call that never returns (the head gone) must not hang the run
-        for node_id in refs.values():
+        for node_id in list(refs.values()):
             o = outcomes[node_id]
             o.state, o.error = "timed out", "the driver lost the cluster (Ray stopped answering)"
             o.results = snapshots.get(node_id, {}).get("results", o.results)
