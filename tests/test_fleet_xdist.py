@@ -1,6 +1,6 @@
 """`pytest -n N` (pytest-xdist): each worker gets a GPU of its own through CUDA_VISIBLE_DEVICES,
 and the workers' results land in one JSON and one HTML that only the controller writes; a worker
-that crashes is reported, and its replacement gets the GPU it left."""
+that crashes is reported, and a replacement takes its place on a GPU."""
 
 from __future__ import annotations
 
