@@ -47,9 +47,20 @@ ensure_vllm_venv() {  # the CPU build of vLLM, in its own venv (facts.md: three 
   say ".venvs/vllm-$version ready"
 }
 
-ensure_all_venvs() {  # the three installs in parallel; fail if any failed
+ensure_fleet_extra() {  # Ray (the `fleet` extra) into .venv, for `harness fleet` and its local-cluster test
+  local venv="$ROOT/.venv" want
+  want="$(grep -E '^fleet = ' "$ROOT/pyproject.toml")"
+  if stamp_matches "$venv/.fleet-extra" "$want"; then say ".venv has the fleet extra"; return 0; fi
+  say "installing the fleet extra (Ray, ~70 MB wheel + deps) into .venv ..."
+  local t0=$SECONDS
+  pip_quiet "$venv/bin/python" -m pip install -q -e "$ROOT[gpu,fleet]"
+  mkdir -p "$venv/.fleet-extra" && echo "$want" > "$venv/.fleet-extra/.harness-stamp"
+  say "fleet extra ready ($((SECONDS - t0)) s)"
+}
+
+ensure_all_venvs() {  # the installs in parallel; fail if any failed
   local pids=() v
-  ensure_harness_venv & pids+=($!)
+  { ensure_harness_venv && ensure_fleet_extra; } & pids+=($!)  # the extra needs .venv first
   for v in $VLLM_VERSIONS; do ensure_vllm_venv "$v" & pids+=($!); done
   ensure_scanners_venv & pids+=($!)
   local rc=0 pid
