@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu
 python3 benchmarks/vram/memory_truth.py --out "$out" --time-limit-s "$limit" 2> >(grep -v "warnings.warn\|UserWarning\|FutureWarning" | tee "$out/log.txt" >&2)
 tar czf "$out/case-logs.tgz" -C /tmp truth-train truth-offload 2>/dev/null
 # the suite's GPU offload test, on the random qwen2.5-3b the matrix saved, if time is left
-left=$(( 585 - $(date +%s) + start ))
+left=$(( 570 - $(date +%s) + start ))
 if [ "$left" -gt 45 ] && [ -d /tmp/vram-models/qwen2.5-3b ]; then
   timeout $(( left - 10 )) python3 -m pytest suites/vram/test_offload.py -p no:cacheprovider -q -rA \
     --model /tmp/vram-models/qwen2.5-3b --expect-gpu --report-dir /tmp/reports > "$out/pytest-offload.txt" 2>&1
