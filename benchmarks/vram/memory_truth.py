@@ -145,7 +145,7 @@ def offload_worker(spec: dict) -> dict:
         h2d = measure_h2d(spec["device"])  # what suites/hw --hw-level full measures
         d2d = measure_d2d(spec["device"])
         return {"kind": "bandwidth", "pinned_gbps": h2d["gbps"], "pageable_gbps": h2d["pageable_gbps"],
-                "d2d_gbps": d2d["gbps"]}
+                "mmap_gbps": h2d.get("mmap_gbps"), "d2d_gbps": d2d["gbps"]}
     row = O.run_placement(spec["model_dir"], spec["device_map"], spec.get("budget_bytes"), spec["device"],
                           prompt_len=spec.get("prompt_len", 128), new_tokens=spec.get("new_tokens", 16))
     row.update({k: v for k, v in spec.items() if k not in ("device_map", "device")})
@@ -168,7 +168,9 @@ def run_worker(spec: dict, out: Path, timeout: float) -> dict | None:
     return {"error": f"worker exited {proc.returncode} without a row", **{k: v for k, v in spec.items() if k != "device_map"}}
 
 
-def offload_phase(model_dir: Path, out_dir: Path, device: str, deadline: float, env_info: dict) -> None:
+def offload_phase(model_dir: Path, out_dir: Path, device: str, deadline: float, env_info: dict,
+                  arch: str = OFFLOAD_ARCH, budgets=OFFLOAD_BUDGETS, all_gpu: bool = True,
+                  layer_ms: float | None = None) -> None:
     from harness.memory import offload as O
     from harness.memory.estimate import model_shape
 
@@ -186,12 +188,15 @@ def offload_phase(model_dir: Path, out_dir: Path, device: str, deadline: float, 
     log(f"bandwidth: {bw_row}")
     if "error" in bw_row:
         return
-    bw = O.Bandwidths(h2d_gbps=bw_row["pageable_gbps"], h2d_source="measured pageable (this run)",
+    h2d = bw_row.get("mmap_gbps") or bw_row["pageable_gbps"]
+    bw = O.Bandwidths(h2d_gbps=h2d, h2d_source="measured (this run)",
                       device_gbps=bw_row["d2d_gbps"], device_source="measured d2d (this run)")
+    if layer_ms:
+        bw.layer_ms = layer_ms
     context = env_info.get("context_bytes") or ASSUMED_CONTEXT
-    specs = [{"kind": "all_gpu", "budget_bytes": None, "device_map": {"": 0}}]
+    specs = [{"kind": "all_gpu", "budget_bytes": None, "device_map": {"": 0}}] if all_gpu else []
     model = O.meta_model(model_dir, "bf16")
-    for budget in OFFLOAD_BUDGETS:
+    for budget in budgets:
         plan = O.plan_offload(model_dir, budget, "bf16", context_bytes=context, seq_len=256, new_tokens=32,
                               cpu_memory_bytes=96 * 2**30, bandwidths=bw, model=model)
         default_plan = O.plan_offload(model_dir, budget, "bf16", context_bytes=context, seq_len=256, new_tokens=32,
@@ -202,14 +207,15 @@ def offload_phase(model_dir: Path, out_dir: Path, device: str, deadline: float, 
                                         model_shape(model_dir).layers, pinned)
         specs.append({"kind": "offload", "budget_bytes": budget, "device_map": plan.device_map,
                       "plan": {k: v for k, v in plan.as_dict().items() if k != "device_map"},
-                      "predicted_decode_ms": plan.predicted_decode_ms,
+                      "predicted_decode_ms": plan.predicted_decode_ms, "layer_ms": bw.layer_ms,
+                      "h2d_gbps_used": bw.h2d_gbps,
                       "predicted_decode_ms_pinned_bw": round(pinned_ms, 2),
                       "predicted_decode_ms_default_bw": default_plan.predicted_decode_ms})
     for i, spec in enumerate(specs):
         if time.time() > deadline:
             log("offload: out of time")
             break
-        spec.update(model_dir=str(model_dir), device=device, arch=OFFLOAD_ARCH, prompt_len=128, new_tokens=12)
+        spec.update(model_dir=str(model_dir), device=device, arch=arch, prompt_len=128, new_tokens=12)
         row = run_worker(spec, tmp / f"place-{i}.json", min(150, deadline - time.time()))
         rows.append(row)
         save()
@@ -307,6 +313,12 @@ def main(argv=None) -> int:
     ap.add_argument("--boundary", type=int, default=42)
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run on the tiny model")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: offload,train")
+    ap.add_argument("--cases-json", help="run these TrainCase objects (a JSON list) instead of the grid")
+    ap.add_argument("--offload-arch", default=OFFLOAD_ARCH)
+    ap.add_argument("--offload-budgets", default=",".join(str(b) for b in OFFLOAD_BUDGETS), help="bytes, comma list")
+    ap.add_argument("--no-all-gpu", action="store_true", help="skip the all-GPU decode of the offload arch")
+    ap.add_argument("--layer-ms", type=float, default=None, help="per-layer decode cost for the prediction")
+    ap.add_argument("--offload-first", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--offload-worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.offload_worker:
@@ -334,6 +346,11 @@ def main(argv=None) -> int:
         model_dirs = {a: tiny for a in FIT_ARCHS + HOLDOUT_ARCHS}
         cases = smoke_cases()
         offload_dir = tiny
+    elif args.cases_json:
+        cases = [TrainCase(**c) for c in json.loads(Path(args.cases_json).read_text())]
+        archs = tuple(dict.fromkeys([c.arch for c in cases] + [args.offload_arch]))
+        model_dirs = save_models(archs, Path(args.model_root), args.device, T0 + 60)
+        offload_dir = model_dirs.get(args.offload_arch)
     else:
         matrix = case_grid(rng, FIT_ARCHS + HOLDOUT_ARCHS, args.per_cell)
         boundary = boundary_cases(rng, FIT_ARCHS + HOLDOUT_ARCHS, args.boundary)
@@ -347,13 +364,24 @@ def main(argv=None) -> int:
         model_dirs = save_models(FIT_ARCHS + HOLDOUT_ARCHS + (OFFLOAD_ARCH,), Path(args.model_root), args.device,
                                  T0 + 150)
         offload_dir = model_dirs.get(OFFLOAD_ARCH)
-    if "offload" not in skip and args.device.startswith("cuda") and offload_dir is not None:
+    def offload():
+        if "offload" in skip or not args.device.startswith("cuda") or offload_dir is None:
+            return
         try:
-            offload_phase(offload_dir, out, args.device, min(deadline, T0 + 0.45 * args.time_limit_s), env_info)
+            offload_phase(offload_dir, out, args.device, min(deadline, T0 + 0.45 * args.time_limit_s) if not
+                          args.cases_json else deadline, env_info, args.offload_arch,
+                          tuple(int(b) for b in args.offload_budgets.split(",") if b), not args.no_all_gpu,
+                          args.layer_ms)
         except Exception as exc:  # noqa: BLE001 - the training phase must still run
             log(f"offload phase failed: {type(exc).__name__}: {exc}")
+
+    if not args.cases_json:
+        offload()
     if "train" not in skip:
-        train_phase(cases, model_dirs, out, args.device, deadline, env_info, args.slots)
+        train_phase(cases, model_dirs, out, args.device, deadline if not args.cases_json else T0 + 0.6 * args.time_limit_s,
+                    env_info, args.slots)
+    if args.cases_json:  # the follow-up run: training cases first (their timing does not matter)
+        offload()
     log("done")
     return 0
 
