@@ -32,10 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness import atomic  # noqa: E402
-from harness.memory.train_matrix import TARGET_SETS, TrainCase, predicted_bytes  # noqa: E402
+from harness.memory.train_matrix import HOLDOUT_ARCHS, TARGET_SETS, TrainCase, predicted_bytes  # noqa: E402
 
 FIT_ARCHS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "tinyllama-1.1b", "smollm2-1.7b")
-HOLDOUT_ARCHS = ("phi-3-mini-4k", "qwen2.5-3b")  # never in a fit: fused qkv/gate_up; a larger qwen2
 OFFLOAD_ARCH = "qwen2.5-7b"
 OFFLOAD_BUDGETS = (6 * 2**30, 10 * 2**30)
 PRECISIONS = ("bf16", "nf4-dq")

@@ -32,10 +32,10 @@ OFFLOAD_PRECISIONS = ("fp32", "fp16", "bf16")
 DEFAULT_H2D_GBPS = 8.0  # pageable host -> device copies over PCIe 4.0 (x8 on many such cards)
 DEFAULT_DEVICE_GBPS = 300.0  # GDDR6 read bandwidth of that class (RTX 3060 360 GB/s, 4060 272 GB/s)
 DEFAULT_DISK_GBPS = 2.0  # an NVMe SSD read; weights offloaded to disk are read back every token
-# Eager transformers decode costs ~0.5-1 ms of Python and launches per decoder layer whatever the
-# GPU (measured on the H200: see suites/vram/measured/offload/); accelerate's offload hooks add
-# the per-tensor copies on top, which the bandwidth term covers.
-DEFAULT_LAYER_MS = 0.75
+# An eager transformers decode step costs Python and kernel launches per decoder layer whatever the
+# GPU: measured on the H200 host (transformers 5.17), qwen2.5-7b all on the GPU decodes at 54.8
+# ms/token, of which 3.5 ms read the weights: 1.8 ms per layer (suites/vram/measured/truth/).
+DEFAULT_LAYER_MS = 1.8
 # Host memory of the process itself (Python, torch, transformers, the CUDA runtime's host side),
 # before any offloaded weight: measured RSS of a loaded all-GPU 7B process on the H200 machine.
 HOST_BASELINE_BYTES = 2 * 1024**3

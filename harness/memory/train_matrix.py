@@ -90,14 +90,13 @@ def _optimizer_state_bytes(opt, device: str) -> tuple[int, int]:
     seen: set[int] = set()
     for state in opt.state.values():
         for value in state.values():
-            if (not isinstance(value, torch.Tensor) or value.device.type != kind or value.numel() <= 1
-                    or value.data_ptr() in seen):
+            if not isinstance(value, torch.Tensor) or value.numel() <= 1 or value.data_ptr() in seen:
                 continue
             seen.add(value.data_ptr())
             size = value.numel() * value.element_size()
-            if getattr(value, "is_paged", False):
+            if getattr(value, "is_paged", False):  # bitsandbytes: a CPU-typed view of managed memory
                 paged += size
-            else:
+            elif value.device.type == kind:
                 alloc += size
     return alloc, paged
 
@@ -239,6 +238,11 @@ def environment(device: str = "cuda:0") -> dict:
 # ---------------------------------------------------------------------------------------------
 # Reading rows back
 
+TRUTH_DIR = Path(__file__).resolve().parents[2] / "suites" / "vram" / "measured" / "truth"
+# Never in the fit of estimate.CALIBRATION's training keys (benchmarks/vram/fit_calibration.py --train
+# --holdout ...): phi-3's fused qkv_proj/gate_up_proj, and a larger qwen2.
+HOLDOUT_ARCHS = ("phi-3-mini-4k", "qwen2.5-3b")
+
 
 def load_rows(paths) -> tuple[list[dict], dict]:
     rows: list[dict] = []
@@ -248,6 +252,54 @@ def load_rows(paths) -> tuple[list[dict], dict]:
         env = env or data.get("environment", {})
         rows += data["rows"]
     return rows, env
+
+
+def load_truth() -> tuple[list[dict], dict]:
+    """The committed H200 rows of the fresh-process training matrix and boundary cases."""
+    return load_rows([TRUTH_DIR / "train_rows.json"])
+
+
+@dataclass
+class TrainingSummary:
+    rows: list[dict]  # matrix rows with "predicted" and "error" added
+    boundary: list[dict]  # boundary rows with "planner_fits" and "actually_fits"
+
+    def errors(self, archs=None, targets=None, gc: bool | None = None) -> list[float]:
+        return [abs(r["error"]) for r in self.rows
+                if (archs is None or r["arch"] in archs) and (targets is None or r["targets"] == targets)
+                and (gc is None or r["grad_checkpointing"] is gc)]
+
+    @property
+    def agreement(self) -> float:
+        ok = sum(r["planner_fits"] == r["actually_fits"] for r in self.boundary)
+        return ok / len(self.boundary) if self.boundary else float("nan")
+
+    @property
+    def false_fits(self) -> list[dict]:
+        return [r for r in self.boundary if r["planner_fits"] and not r["actually_fits"]]
+
+
+def evaluate_training(rows: list[dict], calibration: dict | None = None) -> TrainingSummary:
+    """Each measured matrix row against the estimator; each boundary row's real OOM against the
+    verdict `plan --train` gives (peak + training reserve + this process's context <= budget)."""
+    from .budget import default_headroom, fits
+    from .estimate import estimate, model_shape
+    from .matrix import row_query
+
+    shapes: dict[str, Any] = {}
+    matrix, boundary = [], []
+    for row in rows:
+        if row.get("error"):
+            continue
+        shape = shapes.setdefault(row["arch"], model_shape(row["arch"]))
+        pred = estimate(shape, row_query(row), calibration).peak_bytes
+        if row.get("role") == "boundary":
+            boundary.append(dict(row, predicted=pred, actually_fits=not row["oom"],
+                                 planner_fits=fits(pred, row["budget_bytes"], row["context_bytes"],
+                                                   default_headroom("train"))))
+        elif row.get("peak_bytes") and not row.get("oom"):
+            matrix.append(dict(row, predicted=pred, error=(pred - row["peak_bytes"]) / row["peak_bytes"]))
+    return TrainingSummary(matrix, boundary)
 
 
 def case_of(row: dict) -> TrainCase:

@@ -66,3 +66,39 @@ def test_offloaded_model_runs_within_the_budget(settings, device, tmp_path_facto
     if abs(err) > GOAL:
         warnings.warn(f"offloaded decode: predicted {plan.predicted_decode_ms:.0f} ms/token, measured "
                       f"{row['decode_ms_per_token']:.0f} ({err:+.0%}, goal within {GOAL:.0%})", stacklevel=1)
+
+
+def test_measured_offload_on_the_h200(record):
+    """The committed H200 run (benchmarks/vram/memory_truth.py): qwen2.5-7b bf16 all on the GPU and
+    placed by plan_offload for 6 and 10 GiB, loaded under those emulated budgets. The prediction
+    is recomputed from the placement's bytes and the bandwidths measured in that run."""
+    import json
+
+    from harness.memory import offload as O
+    from harness.memory.train_matrix import TRUTH_DIR
+
+    rows = json.loads((TRUTH_DIR / "offload_rows.json").read_text())["rows"]
+    bw_row = next(r for r in rows if r["kind"] == "bandwidth")
+    bw = O.Bandwidths(h2d_gbps=bw_row["pageable_gbps"], device_gbps=bw_row["d2d_gbps"])
+    all_gpu = next(r for r in rows if r["kind"] == "all_gpu")
+    placed = [r for r in rows if r["kind"] == "offload"]
+    assert len(placed) >= 2
+    for r in placed:
+        plan = r["plan"]
+        on = {"gpu": plan["bytes_on_gpu"], "cpu": plan["bytes_on_cpu"], "disk": plan["bytes_on_disk"]}
+        predicted = O.predict_decode_ms(on, sum(plan["layers_on"].values()), bw)
+        err = (predicted - r["decode_ms_per_token"]) / r["decode_ms_per_token"]
+        record.row("VRAM: offloaded decode (H200, qwen2.5-7b bf16)", {
+            "budget": format_bytes(r["budget_bytes"]), "on GPU": format_bytes(on["gpu"]),
+            "on CPU": format_bytes(on["cpu"]), "predicted ms/token": round(predicted, 1),
+            "measured ms/token": r["decode_ms_per_token"], "error": f"{err:+.0%}",
+            "tokens/s": r["tokens_per_s"], "all-GPU tokens/s": all_gpu["tokens_per_s"]})
+        # the placement ran inside the emulated card, and costs what offload costs
+        assert not r["oom"] and "error" not in r
+        cap = r["budget_bytes"] - r["context_bytes"]
+        assert r["loaded_bytes"] <= plan["gpu_max_memory_bytes"] and r["decode_peak_bytes"] <= cap
+        assert r["tokens_per_s"] < all_gpu["tokens_per_s"] / 10
+        # host RAM: the offloaded weights are there (RSS also counts the mapped checkpoint's pages)
+        assert r["rss_end_bytes"] >= on["cpu"]
+    record(pageable_h2d_gbps=bw_row["pageable_gbps"], pinned_h2d_gbps=bw_row["pinned_gbps"],
+           all_gpu_ms=all_gpu["decode_ms_per_token"])
