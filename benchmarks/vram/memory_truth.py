@@ -317,7 +317,6 @@ def main(argv=None) -> int:
     ap.add_argument("--offload-budgets", default=",".join(str(b) for b in OFFLOAD_BUDGETS), help="bytes, comma list")
     ap.add_argument("--no-all-gpu", action="store_true", help="skip the all-GPU decode of the offload arch")
     ap.add_argument("--layer-ms", type=float, default=None, help="per-layer decode cost for the prediction")
-    ap.add_argument("--offload-first", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--offload-worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.offload_worker:

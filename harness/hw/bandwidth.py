@@ -88,7 +88,6 @@ def measure_h2d(device: str, nbytes: int = 512 * 2**20, iters: int = 10) -> dict
     pageable = torch.empty(nbytes, dtype=torch.uint8)
     pageable.fill_(7)
     pageable_sec = _timed(device, lambda: dev.copy_(pageable), max(2, iters // 2), warmup=1)
-    del pageable
     # ... and transformers 5 keeps CPU-offloaded weights as views of the memory-mapped checkpoint
     import tempfile
 
@@ -97,7 +96,6 @@ def measure_h2d(device: str, nbytes: int = 512 * 2**20, iters: int = 10) -> dict
         mapped = torch.from_file(fh.name, shared=True, size=nbytes, dtype=torch.uint8)
         mapped.fill_(7)
         mapped_sec = _timed(device, lambda: dev.copy_(mapped), max(2, iters // 2), warmup=1)
-        del mapped
     return {"gbps": nbytes / sec / 1e9, "nbytes": nbytes, "seconds_per_copy": sec,
             "pageable_gbps": nbytes / pageable_sec / 1e9, "mmap_gbps": nbytes / mapped_sec / 1e9}
 

@@ -140,15 +140,24 @@ def meta_model(spec: str | Path | dict, precision: str = "bf16"):
 
 def infer_placement(model, max_memory: dict) -> dict[str, Any]:
     """The device_map from_pretrained(device_map="auto", max_memory=max_memory) computes."""
-    try:  # transformers >= 5 computes it itself (balanced memory, then infer_auto_device_map)
-        from transformers.integrations.accelerate import _get_device_map
+    import logging
 
-        return dict(_get_device_map(model, "auto", dict(max_memory), None))
-    except ImportError:
-        from accelerate import infer_auto_device_map
+    # planning for a GPU this machine may not have: accelerate warns "Device 0 is not available"
+    quiet = logging.getLogger("accelerate.utils.modeling")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        try:  # transformers >= 5 computes it itself (balanced memory, then infer_auto_device_map)
+            from transformers.integrations.accelerate import _get_device_map
 
-        return dict(infer_auto_device_map(model, max_memory=dict(max_memory),
-                                          no_split_module_classes=model._no_split_modules))
+            return dict(_get_device_map(model, "auto", dict(max_memory), None))
+        except ImportError:
+            from accelerate import infer_auto_device_map
+
+            return dict(infer_auto_device_map(model, max_memory=dict(max_memory),
+                                              no_split_module_classes=model._no_split_modules))
+    finally:
+        quiet.setLevel(level)
 
 
 def _device_kind(device: Any) -> str:
