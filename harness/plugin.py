@@ -104,6 +104,12 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     config.stash[settings_key] = settings
     config.stash[env_key] = env_mod.probe_environment(settings.vllm_python)
+    environment = config.stash[env_key]
+    try:  # an explicit --device cuda:N that is not there is bad usage, not a CPU run
+        settings_mod.check_device(settings.device, [(d.index, d.name) for d in environment.torch.devices],
+                                  [g.index for g in environment.nvml.gpus])
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config.stash[html_fragments_key] = []
 
     suite = _suite_name(config)
