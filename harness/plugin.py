@@ -9,6 +9,7 @@ every run leave a self-contained HTML report and a JSON results file under repor
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from . import env as env_mod
 from . import models
 from . import settings as settings_mod
 from .errors import UsageError
+from .fleet import merge as fleet_merge
+from .fleet.gpus import visible_gpus
 from .report import html as report_html
 from .report.results import RunResults, TestResult
 
@@ -101,6 +104,12 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     config.stash[settings_key] = settings
     config.stash[env_key] = env_mod.probe_environment(settings.vllm_python)
+    environment = config.stash[env_key]
+    try:  # an explicit --device cuda:N that is not there is bad usage, not a CPU run
+        settings_mod.check_device(settings.device, [(d.index, d.name) for d in environment.torch.devices],
+                                  [g.index for g in environment.nvml.gpus])
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config.stash[html_fragments_key] = []
 
     suite = _suite_name(config)
@@ -109,7 +118,8 @@ def pytest_configure(config):
     if getattr(config.option, "htmlpath", None) is None and config.pluginmanager.hasplugin("html"):
         config.option.htmlpath = str(settings.report_dir / f"{suite}-{stamp}.html")
         config.option.self_contained_html = True
-    config.stash[results_key] = RunResults(
+    results_class = fleet_merge.WorkerResults if _xdist_worker(config) else RunResults  # xdist: controller writes
+    config.stash[results_key] = results_class(
         path=settings.report_dir / f"{suite}-{stamp}.json",
         suite=suite,
         environment=config.stash[env_key].to_dict(),
@@ -265,7 +275,7 @@ def pytest_unconfigure(config):
     """reports/latest.html and latest.json: copies of this run's files (pytest-html has written by now)."""
     global _current_config
     _current_config = None
-    if results_key not in config.stash:
+    if results_key not in config.stash or _xdist_worker(config):  # xdist: only the controller writes
         return
     report_dir = config.stash[settings_key].report_dir
     html_path = getattr(config.option, "htmlpath", None)
@@ -393,3 +403,123 @@ def vram_budget(settings, device):
         yield state
     finally:
         release_budget(state)
+
+
+# ---------------------------------------------------------------------------------------------
+# pytest-xdist: one GPU per worker, one report. The controller gives each worker a GPU of its own
+# (CUDA_VISIBLE_DEVICES, set in the worker before anything initialises CUDA); workers never write
+# reports/, they send their tests' records, table rows and HTML blocks to the controller, which
+# alone writes the JSON and HTML. Hooks that the report hooks above also implement are named
+# pytest_<hook>_xdist (specname), so this section stays separate. Logic lives in harness/fleet.
+
+WORKER_GPU_KEY = "harness_cuda_visible_devices"  # in xdist's workerinput
+ledger_key = pytest.StashKey[fleet_merge.WorkerLedger]()
+outbox_key = pytest.StashKey[fleet_merge.Outbox]()
+
+
+def _xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` where the driver shows GPUs: one worker per visible GPU (else xdist's CPU count)."""
+    nvml = env_mod.probe_nvml()
+    if not nvml.gpus:
+        return None
+    return len(visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), len(nvml.gpus))) or None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Controller, before a worker starts: the GPU fewest live workers hold."""
+    config = node.config
+    if ledger_key not in config.stash:
+        environment = config.stash[env_key]
+        gpus = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), len(environment.nvml.gpus))
+        names = fleet_merge.gpu_names(gpus, [vars(g) for g in environment.nvml.gpus])
+        config.stash[ledger_key] = fleet_merge.WorkerLedger(gpus, names)
+    node.workerinput[WORKER_GPU_KEY] = config.stash[ledger_key].assign(node.gateway.id)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Worker: take the controller's GPU before the environment probe initialises CUDA."""
+    gpu = getattr(config, "workerinput", {}).get(WORKER_GPU_KEY)
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_runtest_logreport")
+def pytest_runtest_logreport_xdist(report):
+    """Worker: tag the report with worker and GPU and attach what its tests added since the last
+    one (before xdist serialises it). Controller: take those in; record a crashed worker's test."""
+    config = _current_config
+    if config is None or results_key not in config.stash:
+        return
+    if _xdist_worker(config):
+        record = dict(getattr(report, "harness_record", {}) or {})
+        record[fleet_merge.RECORD_WORKER] = config.workerinput.get("workerid")
+        record[fleet_merge.RECORD_GPU] = os.environ.get("CUDA_VISIBLE_DEVICES")
+        report.harness_record = fleet_merge.plain(record)
+        report.user_properties = fleet_merge.plain(list(report.user_properties))
+        outbox = config.stash.setdefault(outbox_key, fleet_merge.Outbox())
+        report.harness_rows, report.harness_html = outbox.drain(config.stash[results_key].tables,
+                                                                config.stash[html_fragments_key])
+        return
+    _take_in(config, getattr(report, "harness_rows", None), getattr(report, "harness_html", None))
+    if report.when not in ("setup", "call", "teardown") and report.failed:  # xdist's report of a crashed worker
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        worker_id = getattr(worker, "id", None)
+        ledger = config.stash.get(ledger_key, None)
+        state = ledger.workers.get(worker_id) if ledger else None
+        config.stash[results_key].add_test(TestResult(
+            nodeid=report.nodeid, outcome="error", duration_s=0.0,
+            message=str(report.longrepr).strip().splitlines()[0] if report.longrepr else "worker crashed",
+            record={fleet_merge.RECORD_WORKER: worker_id, fleet_merge.RECORD_GPU: state.gpu if state else None}))
+
+
+def _take_in(config, rows, fragments) -> None:
+    results = config.stash[results_key]
+    for table, row in rows or ():
+        results.add_row(table, row)
+    for title, fragment in fragments or ():
+        config.stash[html_fragments_key].append((title, fragment))
+
+
+@pytest.hookimpl(specname="pytest_sessionfinish")
+def pytest_sessionfinish_xdist(session, exitstatus):
+    """Worker: rows and blocks added after its last test go with its final output."""
+    config = session.config
+    if _xdist_worker(config) and results_key in config.stash:
+        outbox = config.stash.setdefault(outbox_key, fleet_merge.Outbox())
+        rows, fragments = outbox.drain(config.stash[results_key].tables, config.stash[html_fragments_key])
+        config.workeroutput["harness_rows"], config.workeroutput["harness_html"] = rows, fragments
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """Controller: a worker finished or crashed; its leftovers and the Workers table go in."""
+    config = node.config
+    if results_key not in config.stash or ledger_key not in config.stash:
+        return
+    output = getattr(node, "workeroutput", None) or {}
+    _take_in(config, output.get("harness_rows"), output.get("harness_html"))
+    ledger = config.stash[ledger_key]
+    ledger.down(node.gateway.id, error)
+    results = config.stash[results_key]
+    results.tables[fleet_merge.WORKERS_TABLE] = ledger.rows(results.tests)
+    results.write()
+
+
+@pytest.hookimpl(specname="pytest_terminal_summary")
+def pytest_terminal_summary_xdist(terminalreporter, config):
+    if _xdist_worker(config) or ledger_key not in config.stash:
+        return
+    ledger = config.stash[ledger_key]
+    terminalreporter.write_line(f"harness: xdist workers: {ledger.summary_line()}")
+    tests = config.stash[results_key].tests if results_key in config.stash else []
+    if config.getoption("dist", None) == "load" and len({s.gpu for s in ledger.workers.values()}) > 1 \
+            and any(t.nodeid.startswith("suites/hw/") for t in tests):
+        terminalreporter.write_line("harness: --dist load spread suites/hw over the workers: each check ran on one "
+                                    "worker's GPU; --dist each runs every check on every GPU")

@@ -98,6 +98,22 @@ def _resolve_endpoint(value: str | None) -> str | None:
     return value.rstrip("/")
 
 
+def check_device(device: str, torch_devices: list[tuple[int, str]], nvml_indices: list[int]) -> None:
+    """An explicit cuda:N must exist on this machine: raise UsageError naming the devices there are.
+
+    `torch_devices`: (index, name) of the GPUs torch sees; `nvml_indices`: the GPUs the driver
+    sees. A GPU the driver has but torch cannot use still exists: the GPU checks diagnose it."""
+    if not device.startswith("cuda:"):
+        return
+    index = int(device.split(":", 1)[1])
+    known = {i for i, _ in torch_devices} | set(nvml_indices)
+    if index in known:
+        return
+    names = ["cpu"] + [f"cuda:{i} ({name})" for i, name in sorted(torch_devices)]
+    names += [f"cuda:{i} (driver only)" for i in sorted(set(nvml_indices) - {i for i, _ in torch_devices})]
+    raise UsageError(f"--device: {device} does not exist here (devices: {', '.join(names)})")
+
+
 def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
     """Validate raw option values (None = not given) into Settings; raises UsageError.
 

@@ -47,11 +47,35 @@ ensure_vllm_venv() {  # the CPU build of vLLM, in its own venv (facts.md: three 
   say ".venvs/vllm-$version ready"
 }
 
-ensure_all_venvs() {  # the three installs in parallel; fail if any failed
+ensure_fleet_extra() {  # Ray (the `fleet` extra) into .venv, for `harness fleet` and its local-cluster test
+  local venv="$ROOT/.venv" want
+  want="$(grep -E '^fleet = ' "$ROOT/pyproject.toml")"
+  if stamp_matches "$venv/.fleet-extra" "$want"; then say ".venv has the fleet extra"; return 0; fi
+  say "installing the fleet extra (Ray, ~70 MB wheel + deps) into .venv ..."
+  local t0=$SECONDS
+  pip_quiet "$venv/bin/python" -m pip install -q -e "$ROOT[gpu,fleet]"
+  mkdir -p "$venv/.fleet-extra" && echo "$want" > "$venv/.fleet-extra/.harness-stamp"
+  say "fleet extra ready ($((SECONDS - t0)) s)"
+}
+
+ensure_all_venvs() {  # the installs in parallel; fail if any failed
   local pids=() v
-  ensure_harness_venv & pids+=($!)
+  { ensure_harness_venv && ensure_fleet_extra; } & pids+=($!)  # the extra needs .venv first
   for v in $VLLM_VERSIONS; do ensure_vllm_venv "$v" & pids+=($!); done
+  ensure_scanners_venv & pids+=($!)
   local rc=0 pid
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   return $rc
+}
+
+ensure_scanners_venv() {  # picklescan, modelscan, fickling for benchmarks/pickle/compare_scanners.py (issue 12)
+  local venv="$ROOT/.venvs/scanners"
+  local want="picklescan==1.0.5 modelscan==0.8.8 fickling==0.1.12 typing_extensions"
+  if stamp_matches "$venv" "$want"; then say ".venvs/scanners is up to date"; return 0; fi
+  say "creating .venvs/scanners ($want) ..."
+  mkdir -p "$ROOT/.venvs"
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  pip_quiet "$venv/bin/python" -m pip install -q $want
+  echo "$want" > "$venv/.harness-stamp"
+  say ".venvs/scanners ready"
 }
