@@ -8,7 +8,6 @@ reports/vllm_plan/public_logs.json.
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
