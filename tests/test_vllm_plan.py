@@ -236,6 +236,8 @@ def test_cli_readable_and_sweep():
       "--max-model-len", "2k"], "is not an integer"),
     (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--gpu-memory-utilization", "0.9",
       "--max-model-len", "2048", "--quantization", "int3"], "--quantization"),
+    (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--gpu-memory-utilization", "0.9",
+      "--max-model-len", "2048", "--vllm-engine", "v0", "--vllm-version", "0.11"], "no V0 engine"),
     (["--config", "qwen2.5-1.5b", "--gpu-memory", "t4"], "needs --engine vllm"),
     (["--config", "qwen2.5-1.5b"], "--budget is required"),
 ])

@@ -312,6 +312,10 @@ def resolve(facts: ModelFacts, q: VllmQuery) -> Settings:
             engine = "v0"
         else:
             engine = "v1"
+    if engine == "v0" and v >= (0, 11):
+        raise UsageError(f"--vllm-engine v0: vLLM {q.vllm_version} has no V0 engine (removed in 0.11)")
+    if engine == "v1" and v < (0, 7):
+        raise UsageError(f"--vllm-engine v1: vLLM {q.vllm_version} has no V1 engine (from 0.7, default from 0.8)")
     if engine == "v0":
         runner = "v0"
         regime = "free-delta" if v < (0, 6, 4) else "absolute" if v < (0, 6, 5) else "profiled"
@@ -401,7 +405,7 @@ def weights_bytes(facts: ModelFacts, s: Settings) -> int:
     return int(base + rope)
 
 
-def activation_bytes(facts: ModelFacts, s: Settings, gpu: Gpu, lora: bool) -> int:
+def activation_bytes(facts: ModelFacts, s: Settings, gpu: Gpu) -> int:
     T, a = s.max_num_batched_tokens, s.act_bytes
     forward = T * (3 * facts.hidden + 3 * facts.intermediate) * a
     dequantizes = s.quantization == "bitsandbytes" or (
@@ -467,7 +471,7 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, Settings]:
     lora = q.enable_lora
     weights = q.weights_bytes if q.weights_bytes is not None else weights_bytes(facts, s)
     lora_bytes = lora_slot_bytes(facts, q.max_lora_rank, q.max_loras, s.act_bytes) if lora else 0
-    act = activation_bytes(facts, s, q.gpu, lora)
+    act = activation_bytes(facts, s, q.gpu)
     graphs = 0 if q.enforce_eager else CUDA_GRAPH_BYTES
     notes: list[str] = []
     if facts.not_modelled:
