@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..memory import budget as B
     from ..errors import UsageError
-    from ..memory.estimate import PRECISIONS, model_shape
+    from ..memory.estimate import ENGINES, FILE_PRECISIONS, PRECISIONS, model_shape
     from ..units import format_bytes, parse_bytes
 
     budget = parse_bytes(args.budget, "--budget")
@@ -35,20 +35,22 @@ def run(args: argparse.Namespace) -> int:
     for name in ("new_tokens", "batch_seq_len", "lora_r"):
         if getattr(args, name) < (0 if name == "new_tokens" else 1):
             raise UsageError(f"--{name.replace('_', '-')}: {getattr(args, name)} is out of range")
-    precisions = PRECISIONS
+    shape = model_shape(args.config)
+    # a GGUF file brings its own precision ("gguf": its tensors as stored), planned first
+    own = FILE_PRECISIONS if shape.stored_weights is not None and not args.train else ()
+    precisions = own + PRECISIONS
     if args.precision:
         precisions = tuple(p.strip().lower() for p in args.precision.split(",") if p.strip())
-        bad = [p for p in precisions if p not in PRECISIONS]
+        bad = [p for p in precisions if p not in PRECISIONS + own]
         if bad:
-            raise UsageError(f"--precision: unknown {', '.join(bad)} (choose from {', '.join(PRECISIONS)})")
-    shape = model_shape(args.config)
+            raise UsageError(f"--precision: unknown {', '.join(bad)} (choose from {', '.join(own + PRECISIONS)})")
     plans = B.plan(shape, budget, train=args.train, precisions=precisions, context_bytes=context,
                    headroom=headroom, new_tokens=args.new_tokens, reference_seq_len=args.batch_seq_len,
                    lora_r=args.lora_r)
     if args.json:
         print(json.dumps({"budget_bytes": budget, "context_bytes": context, "headroom": headroom,
                           "mode": "train" if args.train else "generate",
-                          "plans": [p.as_dict() for p in plans]}, indent=1))
+                          "plans": [p.as_dict() | _engine(p.precision, ENGINES) for p in plans]}, indent=1))
         return 0
     print(f"budget {format_bytes(budget)}, CUDA context {format_bytes(context)}, headroom {headroom:.0%}, "
           f"mode {'train (LoRA r=%d, grad checkpointing)' % args.lora_r if args.train else 'generate'}")
@@ -57,4 +59,11 @@ def run(args: argparse.Namespace) -> int:
     for p in plans:
         print(f"{p.precision:9s} {'yes' if p.fits else 'no':4s} {format_bytes(p.weights_bytes):>11s} "
               f"{p.max_seq_len if p.max_seq_len else '-':>11} {p.max_batch if p.max_batch else '-':>15}  {p.reason}")
+    for name in dict.fromkeys(p.precision for p in plans if p.precision in ENGINES):
+        print(f"{name}: {ENGINES[name]}")
     return 0
+
+
+def _engine(precision: str, engines: dict) -> dict:
+    """Which engine loads a serving precision (w4a16, gguf) and what it holds."""
+    return {"engine": engines[precision]} if precision in engines else {}

@@ -83,3 +83,30 @@ def drift(reference_logits, quantized_logits, input_ids, attention_mask=None,
         ppl_quantized=float(nll_q.mean().exp()),
         max_mean_kl=max_mean_kl,
     )
+
+
+def model_logits(model_dir, input_ids, device: str = "cpu", dtype: str = "fp32", batch_size: int = 8):
+    """[batch, seq, vocab] float32 logits of a model directory on `input_ids` (a list of equal-length
+    rows or a tensor). transformers decompresses a compressed-tensors checkpoint to plain Linear
+    layers on load (with compressed-tensors installed), so the quantized model's values are exact."""
+    import torch
+
+    from ..models import load_model
+
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    model = load_model(model_dir, dtype, device)
+    rows = []
+    with torch.no_grad():
+        for start in range(0, ids.shape[0], batch_size):
+            chunk = ids[start:start + batch_size].to(model.device)
+            rows.append(model(chunk).logits.float().cpu())
+    del model
+    return torch.cat(rows)
+
+
+def compare_dirs(reference_dir, quantized_dir, input_ids, device: str = "cpu", dtype: str = "fp32",
+                 max_mean_kl: float = DEFAULT_MAX_MEAN_KL) -> Drift:
+    """Drift of `quantized_dir` against `reference_dir`, both run here on the same ids."""
+    reference = model_logits(reference_dir, input_ids, device, dtype)
+    quantized = model_logits(quantized_dir, input_ids, device, dtype)
+    return drift(reference, quantized, input_ids, max_mean_kl=max_mean_kl)

@@ -2,12 +2,8 @@
 
 It imports nothing from the harness (that venv has llm-compressor's own transformers and
 compressed-tensors, not the harness), reads one JSON request, prints progress lines, and writes
-one JSON result. Two actions:
-
-- quantize: model_dir -> out_dir with llm-compressor's oneshot (GPTQ or AWQ, a preset scheme such
-  as W4A16), calibrated on the token ids given; the tokenizer files are copied along.
-- logits: the logits of a model directory on the token ids given (transformers loads a
-  compressed-tensors checkpoint here), saved as a safetensors file.
+one JSON result per job: model_dir -> out_dir with llm-compressor's oneshot (GPTQ or AWQ, a
+preset scheme such as W4A16), calibrated on the token ids given; the tokenizer files are copied.
 
 The result carries the wall time, the peak resident memory of this process, the peak of torch's
 CUDA allocator when a GPU was used, and the versions that ran.
@@ -70,10 +66,14 @@ def _modifier(req: dict):
     if method == "gptq":
         from llmcompressor.modifiers.quantization import GPTQModifier
 
+        if req.get("actorder"):
+            kwargs["actorder"] = req["actorder"]
         return GPTQModifier(**kwargs)
     if method == "awq":
         from llmcompressor.modifiers.awq import AWQModifier
 
+        if req.get("awq_n_grid"):
+            kwargs["n_grid"] = int(req["awq_n_grid"])
         _no_pinning_without_accelerator()
         return AWQModifier(**kwargs)
     raise SystemExit(f"unknown method {method!r} (gptq or awq)")
@@ -136,33 +136,12 @@ def quantize(req: dict) -> dict:
     }
 
 
-def logits(req: dict) -> dict:
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
-
-    device = req.get("device", "cpu")
-    say(f"loading {req['model_dir']} for logits on {device}")
-    model = AutoModelForCausalLM.from_pretrained(req["model_dir"], dtype=torch.float32, device_map={"": device}).eval()
-    ids = torch.tensor(req["samples"], dtype=torch.long, device=device)
-    with torch.no_grad():
-        out = model(ids).logits.float().cpu()
-    save_file({"logits": out.contiguous(), "input_ids": ids.cpu()}, req["logits_path"])
-    kinds = sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__})
-    return {"logits_path": req["logits_path"], "linear_classes": kinds}
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python worker.py REQUEST.json", file=sys.stderr)
-        return 2
-    req = json.loads(Path(argv[1]).read_text())
+def run_job(req: dict) -> int:
     result_path = Path(req["result_path"])
-    action = {"quantize": quantize, "logits": logits}.get(req.get("action", "quantize"))
-    if action is None:
-        print(f"unknown action {req.get('action')!r}", file=sys.stderr)
-        return 2
+    action = {"quantize": quantize}.get(req.get("action", "quantize"))
     try:
+        if action is None:
+            raise ValueError(f"unknown action {req.get('action')!r}")
         result = action(req)
         status = 0
     except Exception as exc:  # the caller reads the error from the result, the traceback from the log
@@ -174,6 +153,21 @@ def main(argv: list[str]) -> int:
     tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, result_path)
     return status
+
+
+def main(argv: list[str]) -> int:
+    """REQUEST.json holds one job, or {"jobs": [...]} run in order in this process (one import of
+    llm-compressor); the first failing job stops the rest."""
+    if len(argv) != 2:
+        print("usage: python worker.py REQUEST.json", file=sys.stderr)
+        return 2
+    req = json.loads(Path(argv[1]).read_text())
+    jobs = req.get("jobs", [req])
+    for i, job in enumerate(jobs):
+        say(f"job {i + 1}/{len(jobs)}: {job.get('method', '').upper()} {job.get('scheme', '')} -> {job.get('out_dir')}")
+        if run_job(job):
+            return 1
+    return 0
 
 
 if __name__ == "__main__":
