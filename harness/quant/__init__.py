@@ -8,7 +8,7 @@ config; estimate/plan (harness.memory) predict its memory.
 """
 
 from .drift import DEFAULT_MAX_MEAN_KL, Drift, drift
-from .quantize import QuantizeError, QuantizeJob, QuantizeResult, llmcompressor_problem, run_quantize
+from .quantize import QuantizeError, QuantizeJob, QuantizeResult, llmcompressor_problem, run_quantize, worker_logits
 
 __all__ = ["DEFAULT_MAX_MEAN_KL", "Drift", "drift", "QuantizeError", "QuantizeJob", "QuantizeResult",
-           "llmcompressor_problem", "run_quantize"]
+           "llmcompressor_problem", "run_quantize", "worker_logits"]

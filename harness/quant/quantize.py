@@ -107,38 +107,63 @@ def _pump(stream, log, show: bool, last: list[str]) -> None:
 def run_quantize(python: str | Path, jobs: Sequence[QuantizeJob], log_path: Path | None = None,
                  progress: bool = True, timeout_s: float = 3600.0, heartbeat_s: float = 15.0) -> list[QuantizeResult]:
     """Run `jobs` in order in one worker process; raises QuantizeError naming the failing job's cause."""
+    requests = [job.request() for job in jobs]
+    names = [f"{job.method.upper()} {job.scheme} -> {job.out_dir}" for job in jobs]
+    outcomes = _run_requests(python, requests, names, log_path, progress, timeout_s, heartbeat_s)
+    return [QuantizeResult(
+        out_dir=Path(data["out_dir"]), method=job.method, scheme=job.scheme, seconds=data["seconds"],
+        quantize_s=data["quantize_s"], peak_rss_bytes=data["peak_rss_bytes"],
+        peak_gpu_bytes=data.get("peak_gpu_bytes"), versions=data.get("versions", {}),
+        quantization_config=data.get("quantization_config"), log_path=Path(data["log_path"]),
+        process_seconds=data["process_seconds"]) for job, data in zip(jobs, outcomes)]
+
+
+def worker_logits(python: str | Path, model_dirs: Sequence[Path], input_ids, device: str = "cpu",
+                  log_path: Path | None = None, progress: bool = True) -> list:
+    """[batch, seq, vocab] float32 logits of each directory on `input_ids`, computed in the
+    quantizer's venv: its transformers and compressed-tensors wrote the checkpoints, and newer
+    transformers releases do not load every compressed-tensors layout (transformers 5.24 refuses
+    the asymmetric W4A16 zero points that compressed-tensors 0.19 packs)."""
+    from safetensors.torch import load_file
+
+    work = Path(tempfile.mkdtemp(prefix="harness-logits-"))
+    ids = [list(map(int, row)) for row in input_ids]
+    requests = [{"action": "logits", "model_dir": str(d), "samples": ids, "device": device,
+                 "logits_path": str(work / f"logits-{i}.safetensors")} for i, d in enumerate(model_dirs)]
+    outcomes = _run_requests(python, requests, [f"logits of {d}" for d in model_dirs], log_path, progress, 3600.0, 15.0)
+    return [load_file(data["logits_path"])["logits"] for data in outcomes]
+
+
+def _run_requests(python, requests: list[dict], names: list[str], log_path: Path | None, progress: bool,
+                  timeout_s: float, heartbeat_s: float) -> list[dict]:
     problem = llmcompressor_problem(python)
     if problem:
         raise QuantizeError(problem)
-    if not jobs:
+    if not requests:
         return []
     work = Path(tempfile.mkdtemp(prefix="harness-quant-"))
     log_path = Path(log_path) if log_path else work / "quantize.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    requests = [job.request() | {"result_path": str(work / f"result-{i}.json")} for i, job in enumerate(jobs)]
+    requests = [r | {"result_path": str(work / f"result-{i}.json")} for i, r in enumerate(requests)]
     request_path = work / "request.json"
     request_path.write_text(json.dumps({"jobs": requests}))
     if progress:
-        print(f"[quant] {len(jobs)} job(s) in {Path(python).parent.parent} (log {log_path})", file=sys.stderr, flush=True)
+        print(f"[quant] {len(requests)} job(s) in {Path(python).parent.parent} (log {log_path})", file=sys.stderr, flush=True)
     started = time.monotonic()
     with open(log_path, "ab") as log:
         code, last = _run_worker(python, request_path, log, log_path, progress, timeout_s, heartbeat_s)
     process_s = round(time.monotonic() - started, 2)
-    results = []
-    for job, request in zip(jobs, requests):
+    outcomes = []
+    for name, request in zip(names, requests):
         try:
             data = json.loads(Path(request["result_path"]).read_text())
         except (OSError, ValueError):
-            raise QuantizeError(f"quantizer exited with code {code} before {job.method.upper()} {job.scheme} -> "
-                                f"{job.out_dir} finished: {last} (log: {log_path})") from None
+            raise QuantizeError(f"quantizer exited with code {code} before {name} finished: {last} "
+                                f"(log: {log_path})") from None
         if "error" in data:
-            raise QuantizeError(f"{job.method.upper()} {job.scheme} failed: {data['error']} (log: {log_path})")
-        results.append(QuantizeResult(
-            out_dir=Path(data["out_dir"]), method=job.method, scheme=job.scheme, seconds=data["seconds"],
-            quantize_s=data["quantize_s"], peak_rss_bytes=data["peak_rss_bytes"],
-            peak_gpu_bytes=data.get("peak_gpu_bytes"), versions=data.get("versions", {}),
-            quantization_config=data.get("quantization_config"), log_path=log_path, process_seconds=process_s))
-    return results
+            raise QuantizeError(f"{name} failed: {data['error']} (log: {log_path})")
+        outcomes.append(data | {"log_path": str(log_path), "process_seconds": process_s})
+    return outcomes
 
 
 def _run_worker(python, request_path: Path, log, log_path: Path, progress: bool, timeout_s: float,

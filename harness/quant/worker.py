@@ -2,8 +2,12 @@
 
 It imports nothing from the harness (that venv has llm-compressor's own transformers and
 compressed-tensors, not the harness), reads one JSON request, prints progress lines, and writes
-one JSON result per job: model_dir -> out_dir with llm-compressor's oneshot (GPTQ or AWQ, a
-preset scheme such as W4A16), calibrated on the token ids given; the tokenizer files are copied.
+one JSON result per job:
+
+- quantize: model_dir -> out_dir with llm-compressor's oneshot (GPTQ or AWQ, a preset scheme such
+  as W4A16), calibrated on the token ids given; the tokenizer files are copied.
+- logits: a model directory's logits on token ids, through this venv's transformers and
+  compressed-tensors (the pair that wrote the checkpoint), saved as safetensors.
 
 The result carries the wall time, the peak resident memory of this process, the peak of torch's
 CUDA allocator when a GPU was used, and the versions that ran.
@@ -136,9 +140,29 @@ def quantize(req: dict) -> dict:
     }
 
 
+def logits(req: dict) -> dict:
+    """Logits of a model directory on the given ids, computed with this venv's transformers and
+    compressed-tensors (the versions that wrote the checkpoint), saved as a safetensors file."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    device = req.get("device", "cpu")
+    say(f"logits of {req['model_dir']} on {len(req['samples'])} rows ({device})")
+    model = AutoModelForCausalLM.from_pretrained(req["model_dir"], dtype=torch.float32, device_map={"": device}).eval()
+    ids = torch.tensor(req["samples"], dtype=torch.long)
+    rows = []
+    with torch.no_grad():
+        for start in range(0, ids.shape[0], 8):
+            rows.append(model(ids[start:start + 8].to(device)).logits.float().cpu())
+    save_file({"logits": torch.cat(rows).contiguous()}, req["logits_path"])
+    return {"logits_path": req["logits_path"],
+            "linear_classes": sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__})}
+
+
 def run_job(req: dict) -> int:
     result_path = Path(req["result_path"])
-    action = {"quantize": quantize}.get(req.get("action", "quantize"))
+    action = {"quantize": quantize, "logits": logits}.get(req.get("action", "quantize"))
     try:
         if action is None:
             raise ValueError(f"unknown action {req.get('action')!r}")
@@ -164,7 +188,9 @@ def main(argv: list[str]) -> int:
     req = json.loads(Path(argv[1]).read_text())
     jobs = req.get("jobs", [req])
     for i, job in enumerate(jobs):
-        say(f"job {i + 1}/{len(jobs)}: {job.get('method', '').upper()} {job.get('scheme', '')} -> {job.get('out_dir')}")
+        what = (f"{job.get('method', '').upper()} {job.get('scheme', '')} -> {job.get('out_dir')}"
+                if job.get("action", "quantize") == "quantize" else f"logits of {job.get('model_dir')}")
+        say(f"job {i + 1}/{len(jobs)}: {what}")
         if run_job(job):
             return 1
     return 0
