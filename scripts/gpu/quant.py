@@ -72,6 +72,19 @@ def loaded(d: Path) -> dict:
     out = {"held_bytes": torch.cuda.memory_allocated() - before, "peak_bytes": torch.cuda.max_memory_allocated() - before,
            "load_s": round(time.monotonic() - started, 2),
            "linear_classes": sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__})}
+    # where the parameters live: compressed-tensors may keep decompressed weights offloaded on the host
+    by_device: dict[str, int] = {}
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        key = f"{tensor.device.type}:{tensor.dtype}".replace("torch.", "")
+        by_device[key] = by_device.get(key, 0) + tensor.numel() * tensor.element_size()
+    out["tensor_bytes_by_device"] = by_device
+    out["hf_device_map_values"] = sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()})
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        model(torch.zeros(1, 256, dtype=torch.long, device=DEVICE))
+    torch.cuda.synchronize()
+    out["after_forward_held_bytes"] = torch.cuda.memory_allocated() - before
+    out["forward_peak_bytes"] = torch.cuda.max_memory_allocated() - before
     del model
     torch.cuda.empty_cache()
     return out
