@@ -1,7 +1,7 @@
 """The quantize step on a real-size architecture, on a GPU: GPTQ and AWQ W4A16 with llm-compressor,
 its wall time and peak memory, the drift (KL) against the unquantized model, and the predicted
-against the measured weights of the checkpoint (stored, and loaded through transformers'
-compressed-tensors support, which decompresses to bf16).
+against the measured weights of the checkpoint: as stored, as transformers' compressed-tensors
+support holds it after from_pretrained (packed), and after the first forward (decompressed to bf16).
 
 Run from the tree on the GPU machine (scripts/gpu/quant.sh shows how the wheels are brought):
     PYTHONPATH=/tmp/site:$PWD python3 scripts/gpu/quant.py [ARCH]     (default qwen2.5-1.5b)
@@ -134,15 +134,20 @@ def main() -> int:
         entry["stored"] = {"measured_bytes": stored, "predicted_bytes": predicted, "error_pct": pct(stored, predicted)}
         measured = loaded(out_dir)
         est = E.estimate(shape, E.Query("w4a16", "weights")).breakdown
-        entry["transformers_loaded"] = measured | {"predicted_bytes": est["transformers_loaded_weights"],
-                                                   "error_pct": pct(measured["held_bytes"], est["transformers_loaded_weights"])}
+        # transformers 5.17 + compressed-tensors 0.19 load it packed and decompress at the first forward
+        entry["transformers_loaded"] = measured | {
+            "predicted_packed_bytes": est["weights"], "after_load_error_pct": pct(measured["held_bytes"], est["weights"]),
+            "predicted_decompressed_bytes": est["transformers_decompressed_weights"],
+            "after_forward_error_pct": pct(measured.get("after_forward_held_bytes", 0), est["transformers_decompressed_weights"])}
         entry["vllm_packed_predicted_bytes"] = est["weights"]
         result_drift = drift(reference, model_logits(out_dir, eval_ids, DEVICE, "bf16").to(DEVICE), eval_ids.to(DEVICE))
         entry["drift"] = result_drift.to_dict()
         save()
         print(f"{method}: quantize {result.quantize_s} s, peak GPU {(result.peak_gpu_bytes or 0) / 2**30:.2f} GiB, "
-              f"stored {stored / 1e9:.3f} GB (pred {pct(stored, predicted)}%), loaded "
-              f"{measured['held_bytes'] / 1e9:.3f} GB (pred {entry['transformers_loaded']['error_pct']}%), "
+              f"stored {stored / 1e9:.3f} GB (pred {pct(stored, predicted)}%), held after load "
+              f"{measured['held_bytes'] / 1e9:.3f} GB (pred {entry['transformers_loaded']['after_load_error_pct']}%), "
+              f"after a forward {measured.get('after_forward_held_bytes', 0) / 1e9:.3f} GB "
+              f"(pred {entry['transformers_loaded']['after_forward_error_pct']}%), "
               f"{result_drift.verdict()}", flush=True)
     summary["total_s"] = round(time.monotonic() - started, 1)
     save()
