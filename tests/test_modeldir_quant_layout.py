@@ -93,3 +93,14 @@ def test_kernel_limits_are_a_warning_naming_the_kernel(tiny_model_dir, tmp_path)
     assert report.ok  # vLLM still loads it (a slower kernel on GPU)
     warning = next(f for f in report.findings if f.code == "quant.kernel_dims")
     assert "Marlin" in warning.message and "group size 256" in warning.message
+
+
+def test_every_quant_layout_code_has_a_case():
+    import inspect
+
+    from harness.modeldir import CODES
+
+    source = inspect.getsource(inspect.getmodule(test_every_quant_layout_code_has_a_case))
+    layout = {c for c in CODES if c.startswith("quant.")} - {"quant.stale_config", "quant.missing_config",
+                                                              "quant.incomplete_config", "quant.bitsandbytes_checkpoint"}
+    assert [code for code in sorted(layout) if f'"{code}"' not in source] == []

@@ -294,9 +294,14 @@ def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
 
 def model_shape(spec: str | Path | dict) -> ModelShape:
     if isinstance(spec, (str, Path)) and str(spec).lower().endswith(".gguf"):
-        from .gguf import gguf_shape
+        from dataclasses import replace
 
-        return gguf_shape(spec)
+        from .gguf import read_gguf
+
+        info = read_gguf(spec)  # dimensions from the metadata, exact bytes by kind from the header
+        config = {k: v for k, v in info.config.items() if v is not None}
+        base = shape_from_config(config) if _family(config) in KNOWN_FAMILIES else _generic_dims(config)
+        return replace(base, source="gguf", stored_weights=tuple(sorted(info.bytes_by_kind.items())))
     config, directory = load_config(spec)
     if "hidden_size" not in config:
         raise UsageError("config has no hidden_size")

@@ -4,13 +4,14 @@ A GGUF file holds its tensors as stored (Q4_K_M mixes Q4_K, Q6_K and F32 tensors
 bytes are not a bits-per-parameter guess: each tensor's type has a block size and bytes per block
 (gguf's GGML_QUANT_SIZES: Q4_K = 144 bytes per 256 weights = 4.5 bits, Q6_K 6.5625, Q8_0 8.5), and
 the sum over tensors is what llama.cpp maps. The `gguf` package reads the header through a memory
-map; no tensor data is read. Dimensions come from the metadata ({arch}.block_count, ...).
+map; no tensor data is read. Dimensions come from the metadata ({arch}.block_count, ...);
+estimate.model_shape turns them into a ModelShape whose `stored_weights` are the file's bytes.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
@@ -142,14 +143,3 @@ def read_gguf(path: str | Path) -> GgufInfo:
     if config["intermediate_size"] is None:
         del config["intermediate_size"]
     return GgufInfo(path, arch, file_type, config, by_kind, by_type, params, len(reader.tensors))
-
-
-def gguf_shape(path: str | Path):
-    """A ModelShape for estimate/plan: dimensions from the metadata, and the file's exact weight
-    bytes by kind as `stored_weights` (the `gguf` precision)."""
-    from . import estimate as E
-
-    info = read_gguf(path)
-    config = {k: v for k, v in info.config.items() if v is not None}
-    base = E.shape_from_config(config) if config["model_type"] in E.KNOWN_FAMILIES else E._generic_dims(config)
-    return replace(base, source="gguf", stored_weights=tuple(sorted(info.bytes_by_kind.items())))
