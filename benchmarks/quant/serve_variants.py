@@ -61,6 +61,21 @@ def merged_model(work: Path) -> Path:
     return work / "merged"
 
 
+def _root_cause(log_dir: Path) -> str | None:
+    """vLLM's own reason from the newest log: the first ValueError / KeyError / validation line
+    (the launcher's summary only sees the engine's generic "initialization failed")."""
+    import re
+
+    logs = sorted(log_dir.glob("*.log"), key=lambda p: p.stat().st_mtime)
+    if not logs:
+        return None
+    for line in logs[-1].read_text(errors="replace").splitlines():
+        m = re.search(r"(ValueError: .*|KeyError: .*|AssertionError.*|Value error, .*)", line)
+        if m:
+            return m.group(1)[:300]
+    return None
+
+
 def serve_once(python: Path, model_dir: Path, log_dir: Path) -> dict:
     started = time.monotonic()
     try:
@@ -83,7 +98,7 @@ def serve_once(python: Path, model_dir: Path, log_dir: Path) -> dict:
                 outcome["cause"] = log_cause(server.log_text(), lines=2)
             outcome["startup_s"] = server.startup.startup_s
     except ServerStartError as exc:
-        outcome = {"started": False, "cause": str(exc)[:600]}
+        outcome = {"started": False, "cause": _root_cause(log_dir) or str(exc)[:600]}
     outcome["seconds"] = round(time.monotonic() - started, 1)
     return outcome
 
