@@ -34,7 +34,8 @@ MARKERS = {
     "slow": "takes more than a few seconds",
 }
 OPTION_NAMES = ("model", "device", "vram_budget", "precisions", "expect_gpu", "report_dir",
-                "vllm_python", "baseline_vllm_python", "endpoint", "baseline", "hw_level")
+                "vllm_python", "baseline_vllm_python", "endpoint", "baseline", "hw_level",
+                "llmcompressor_python")
 
 settings_key = pytest.StashKey[settings_mod.Settings]()
 env_key = pytest.StashKey[env_mod.Environment]()
@@ -64,6 +65,9 @@ def pytest_addoption(parser):
                     help="an already running OpenAI-compatible server to test instead of starting vLLM")
     group.addoption("--baseline", default=None, help="bench results JSON to compare this run's serving figures against")
     group.addoption("--hw-level", default=None, help="hardware check depth: quick (default) or full")
+    group.addoption("--llmcompressor-python", default=None,
+                    help="python of the venv holding llm-compressor, for the quantize step "
+                         "(default: .venvs/llmcompressor/bin/python)")
 
 
 # ---------------------------------------------------------------------------------------------

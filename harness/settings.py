@@ -2,7 +2,8 @@
 
 The pytest plugin hands its raw option values to :func:`resolve`; the library and the suites
 only ever see the resulting :class:`Settings`. Environment variables give defaults so that CI
-and users can set them once (HARNESS_VLLM_PYTHON, HARNESS_CACHE_DIR, HARNESS_REPORT_DIR).
+and users can set them once (HARNESS_VLLM_PYTHON, HARNESS_LLMCOMPRESSOR_PYTHON, HARNESS_CACHE_DIR,
+HARNESS_REPORT_DIR).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ HW_LEVELS = ("quick", "full")
 # used by the upgrade rehearsal), relative to the project root.
 DEFAULT_VLLM_VENV = Path(".venvs") / "vllm-0.32.0"
 DEFAULT_BASELINE_VLLM_VENV = Path(".venvs") / "vllm-0.31.0"
+# The quantizer's venv (llm-compressor pins its own transformers and compressed-tensors).
+DEFAULT_LLMCOMPRESSOR_VENV = Path(".venvs") / "llmcompressor"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class Settings:
     endpoint: str | None = None
     baseline: Path | None = None
     hw_level: str = "quick"
+    llmcompressor_python: Path | None = None
+    llmcompressor_python_explicit: bool = False  # given by the user: absence is a failure, not a skip
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
 
 
@@ -136,6 +141,10 @@ def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
     baseline_vllm_python, _ = _interpreter(options.get("baseline_vllm_python"), "HARNESS_BASELINE_VLLM_PYTHON",
                                            root / DEFAULT_BASELINE_VLLM_VENV, "--baseline-vllm-python")
 
+    llmcompressor_python, llmcompressor_explicit = _interpreter(
+        options.get("llmcompressor_python"), "HARNESS_LLMCOMPRESSOR_PYTHON",
+        root / DEFAULT_LLMCOMPRESSOR_VENV, "--llmcompressor-python")
+
     baseline = options.get("baseline")
     if baseline:
         baseline = Path(baseline).expanduser()
@@ -160,4 +169,6 @@ def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
         endpoint=_resolve_endpoint(options.get("endpoint")),
         baseline=baseline,
         hw_level=hw_level,
+        llmcompressor_python=llmcompressor_python,
+        llmcompressor_python_explicit=llmcompressor_explicit,
     )

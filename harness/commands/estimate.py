@@ -39,7 +39,9 @@ def _str_list(text: str, what: str, allowed: tuple[str, ...]) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="DIR|config.json|NAME",
                         help="model directory, config.json, or a reference name (harness/configs)")
-    parser.add_argument("--precision", default="bf16", help=f"comma list of: {PRECISION_CHOICES}")
+    parser.add_argument("--precision", default=None,
+                        help=f"comma list of: {PRECISION_CHOICES}, w4a16; gguf for a .gguf file "
+                             "(default: bf16, or gguf for a .gguf file)")
     parser.add_argument("--mode", default="prefill", help="comma list of: weights, prefill, generate, train")
     parser.add_argument("--seq-len", default="2048", help="prompt / training sequence length(s), comma list")
     parser.add_argument("--new-tokens", default="64", help="tokens generated after the prompt (generate)")
@@ -77,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     from ..memory import estimate as E
     from ..units import format_bytes, parse_bytes
 
-    precisions = _str_list(args.precision, "--precision", E.PRECISIONS)
+    shape = E.model_shape(args.config)
+    own = E.FILE_PRECISIONS if shape.stored_weights is not None else ()  # a GGUF file's own precision
+    precisions = _str_list(args.precision or (own[0] if own else "bf16"), "--precision", E.PRECISIONS + own)
     modes = _str_list(args.mode, "--mode", E.MODES)
     seqs = _int_list(args.seq_len, "--seq-len")
     batches = _int_list(args.batch, "--batch")
@@ -89,7 +93,6 @@ def run(args: argparse.Namespace) -> int:
     targets = E.DEFAULT_LORA_TARGETS
     if args.lora_targets:
         targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
-    shape = E.model_shape(args.config)
     note = E.check_lora_targets(shape, targets) if "train" in modes else None
     results = []
     for p in precisions:

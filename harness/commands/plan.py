@@ -78,18 +78,20 @@ def run(args: argparse.Namespace) -> int:
     for name in ("new_tokens", "batch_seq_len", "lora_r"):
         if getattr(args, name) < (0 if name == "new_tokens" else 1):
             raise UsageError(f"--{name.replace('_', '-')}: {getattr(args, name)} is out of range")
-    precisions = E.PRECISIONS
+    shape = E.model_shape(args.config)
+    # a GGUF file brings its own precision ("gguf": its tensors as stored), planned first
+    own = E.FILE_PRECISIONS if shape.stored_weights is not None and not args.train else ()
+    precisions = own + E.PRECISIONS
     if args.precision:
         precisions = tuple(p.strip().lower() for p in args.precision.split(",") if p.strip())
-        bad = [p for p in precisions if p not in E.PRECISIONS]
+        bad = [p for p in precisions if p not in E.PRECISIONS + own]
         if bad:
-            raise UsageError(f"--precision: unknown {', '.join(bad)} (choose from {', '.join(E.PRECISIONS)})")
+            raise UsageError(f"--precision: unknown {', '.join(bad)} (choose from {', '.join(own + E.PRECISIONS)})")
     optimizer = E.optimizer_name(args.optimizer)
     targets = E.DEFAULT_LORA_TARGETS
     if args.lora_targets:
         targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
     config, _ = E.load_config(args.config)
-    shape = E.model_shape(args.config)
     note = None
     if args.train:
         note = E.check_lora_targets(shape, targets, "--lora-targets")
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {"budget_bytes": budget, "context_bytes": context, "headroom": headroom, "mode": mode,
                "context_limit": limit.tokens, "context_limit_source": limit.source,
-               "plans": [p.as_dict() for p in plans]}
+               "plans": [p.as_dict() | _engine(p.precision) for p in plans]}
         if args.train:
             out.update(lora_r=args.lora_r, lora_targets=list(targets), optimizer=optimizer,
                        grad_checkpointing=args.grad_checkpointing, lora_note=note)
@@ -124,9 +126,18 @@ def run(args: argparse.Namespace) -> int:
     for p in plans:
         print(f"{p.precision:9s} {'yes' if p.fits else 'no':4s} {format_bytes(p.weights_bytes):>11s} "
               f"{p.max_seq_len if p.max_seq_len else '-':>11} {p.max_batch if p.max_batch else '-':>15}  {p.reason}")
+    for name in dict.fromkeys(p.precision for p in plans if p.precision in E.ENGINES):
+        print(f"{name}: {E.ENGINES[name]}")
     if offload is not None:
         print_offload(offload)
     return 0
+
+
+def _engine(precision: str) -> dict:
+    """Which engine loads a serving precision (w4a16, gguf) and what it holds."""
+    from ..memory.estimate import ENGINES
+
+    return {"engine": ENGINES[precision]} if precision in ENGINES else {}
 
 
 def print_offload(o) -> None:

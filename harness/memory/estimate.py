@@ -31,7 +31,7 @@ from typing import Any, Iterable
 from ..errors import UsageError
 from ..models import CONFIG_DIR
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "nf4-dq", "fp4", "fp4-dq")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "nf4-dq", "fp4", "fp4-dq", "w4a16")
 MODES = ("weights", "prefill", "generate", "train")
 KNOWN_FAMILIES = ("llama", "qwen2", "mistral", "phi3")
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -73,7 +73,9 @@ class ModelShape:
     bias_params: int
     norm_tensors: int
     bias_tensors: int
-    source: str = "config"  # config | safetensors | meta
+    source: str = "config"  # config | safetensors | meta | gguf
+    # exact bytes by kind as a file stores them (a GGUF file: precision "gguf"); None otherwise
+    stored_weights: tuple[tuple[str, int], ...] | None = None
 
     @property
     def linear_params(self) -> int:
@@ -300,10 +302,20 @@ def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
 
 
 def model_shape(spec: str | Path | dict) -> ModelShape:
+    if isinstance(spec, (str, Path)) and str(spec).lower().endswith(".gguf"):
+        from dataclasses import replace
+
+        from .gguf import read_gguf
+
+        info = read_gguf(spec)  # dimensions from the metadata, exact bytes by kind from the header
+        config = {k: v for k, v in info.config.items() if v is not None}
+        base = shape_from_config(config) if _family(config) in KNOWN_FAMILIES else _generic_dims(config)
+        return replace(base, source="gguf", stored_weights=tuple(sorted(info.bytes_by_kind.items())))
     config, directory = load_config(spec)
     if "hidden_size" not in config:
         raise UsageError("config has no hidden_size")
-    if directory is not None:
+    if directory is not None and not (config.get("quantization_config") and _family(config) in KNOWN_FAMILIES):
+        # (a quantized directory stores packed tensors: the config gives the real layer shapes)
         shape = shape_from_safetensors(config, directory)
         if shape is not None:
             return shape
@@ -328,6 +340,8 @@ def dtype_bytes(precision: str) -> int:
 def quantized_linear_bytes(in_features: int, out_features: int, precision: str) -> int:
     """Device bytes of one nn.Linear weight at `precision`, quant state included."""
     n = in_features * out_features
+    if precision == "w4a16":
+        return w4a16_linear_bytes(in_features, out_features)
     if precision in ("fp32", "fp16", "bf16"):
         return _blocks(n * dtype_bytes(precision))
     if precision == "int8":  # Int8Params: CB int8 (the data itself) + SCB float32 per output row
@@ -345,6 +359,8 @@ def quantized_linear_bytes(in_features: int, out_features: int, precision: str) 
 def weight_breakdown(shape: ModelShape, precision: str, train_prepared: bool = False) -> dict[str, int]:
     """Bytes by module kind. `train_prepared`: after prepare_model_for_kbit_training (every
     non-4-bit floating parameter cast to float32)."""
+    if precision == "gguf":
+        return gguf_weight_breakdown(shape)
     other = 4 if (train_prepared and precision not in ("fp16", "bf16")) else dtype_bytes(precision)
     linear_precision = precision
     if train_prepared and precision == "int8":
@@ -527,7 +543,7 @@ CALIBRATION: dict[str, dict[str, Any]] = {
 def precision_group(precision: str) -> str:
     if precision == "fp32":
         return "fp32"
-    if precision in ("fp16", "bf16"):
+    if precision in ("fp16", "bf16", "w4a16", "gguf"):  # W4A16 and GGUF compute in 16-bit activations
         return "half"
     if precision == "int8":
         return "int8"
@@ -657,7 +673,7 @@ class Query:
 
 
 def validate(q: Query) -> None:
-    if q.precision not in PRECISIONS:
+    if q.precision not in PRECISIONS + FILE_PRECISIONS:
         raise UsageError(f"unknown precision {q.precision!r} (choose from {', '.join(PRECISIONS)})")
     if q.mode not in MODES:
         raise UsageError(f"unknown mode {q.mode!r} (choose from {', '.join(MODES)})")
@@ -677,12 +693,14 @@ def estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> Es
     p, group = q.precision, precision_group(q.precision)
     act = dtype_bytes(p)
     if q.mode == "train":
-        est = _estimate_train(shape, q, calibration)
+        est = _estimate_train(shape, _trainable(q), calibration)
         est.reserve_bytes = int(est.peak_bytes * RESERVE_FRACTION["train"])
         return est
     wb = weight_breakdown(shape, p)
     weights = sum(wb.values())
     breakdown: dict[str, Any] = {"weights": weights, "weights_by_kind": wb}
+    if p in ENGINES:
+        breakdown.update(serving_notes(shape, p))
     feats = _features(shape, p, q.batch, q.seq_len, act)
     reserve = RESERVE_FRACTION[q.mode]
     if q.mode == "weights":
@@ -764,3 +782,61 @@ def accelerate_style_bytes(shape: ModelShape, precision: str) -> int:
     for float32 / half / int8 / int4), independent of mode and length."""
     divisor = {"fp32": 1, "fp16": 2, "bf16": 2, "int8": 4}.get(precision, 8)
     return shape.total_params * 4 // divisor
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving precisions (issue 14): W4A16 checkpoints and GGUF files. What each engine holds:
+# vLLM keeps W4A16 packed (compressed-tensors, GPTQ and AWQ kernels); transformers 5.17 with
+# compressed-tensors 0.19 loads it packed and decompresses every layer to bf16 at the first
+# forward (measured on an H200, qwen2.5-1.5b: 1.144 GB held after load, 3.114 GB after one
+# forward); llama.cpp maps a GGUF file's tensors as they are stored.
+
+FILE_PRECISIONS = ("gguf",)  # the precision a file fixes: valid only with --config FILE.gguf
+W4A16_GROUP_SIZE = 128  # llm-compressor's W4A16 preset, GPTQ and AWQ defaults
+ENGINES = {
+    "w4a16": "vLLM (packed: compressed-tensors, GPTQ, AWQ; CPU build: CPUWNA16 on AVX-512 only); "
+             "transformers + compressed-tensors loads it packed and decompresses to bf16 at the first forward "
+             "(from then on the bf16 figure, transformers_decompressed_weights)",
+    "gguf": "llama.cpp (the file's tensors as stored); transformers dequantizes a GGUF to float on load",
+}
+
+
+def w4a16_linear_bytes(in_features: int, out_features: int, group_size: int = W4A16_GROUP_SIZE,
+                       zero_points: bool = False, g_idx: bool = False, scale_bytes: int = 2,
+                       rounded: bool = True) -> int:
+    """One W4A16 Linear as vLLM holds it (and, with rounded=False, as the checkpoint stores it):
+    int32-packed 4-bit values (in*out/2 bytes), a 16-bit scale per group and output channel, an
+    int32-packed 4-bit zero point per group and output channel when asymmetric, the int64 [2]
+    unpacked shape, and one int32 group index per input channel with activation order."""
+    groups = in_features // group_size if group_size > 0 else 1
+    parts = [out_features * math.ceil(in_features * 4 / 32) * 4, out_features * groups * scale_bytes, 16]
+    if zero_points:
+        parts.append(math.ceil(out_features * 4 / 32) * groups * 4)
+    if g_idx:
+        parts.append(in_features * 4)
+    return sum(_blocks(b) for b in parts) if rounded else sum(parts)
+
+
+def gguf_weight_breakdown(shape: ModelShape) -> dict[str, int]:
+    if shape.stored_weights is None:
+        raise UsageError("precision gguf is the precision of a GGUF file: give --config FILE.gguf")
+    return dict(shape.stored_weights)
+
+
+def serving_notes(shape: ModelShape, precision: str) -> dict[str, Any]:
+    """Breakdown entries for a serving precision: which engine holds what."""
+    notes: dict[str, Any] = {"engine": ENGINES[precision]}
+    if precision == "w4a16":
+        notes["transformers_decompressed_weights"] = weight_bytes(shape, "bf16")
+    return notes
+
+
+def _trainable(q: Query) -> Query:
+    """Training a W4A16 checkpoint through transformers trains its decompressed bf16 weights."""
+    from dataclasses import replace
+
+    if q.precision == "w4a16":
+        return replace(q, precision="bf16")
+    if q.precision in FILE_PRECISIONS:
+        raise UsageError(f"{q.precision} files are not trained: fine-tune the original model, then convert")
+    return q

@@ -42,6 +42,8 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
         expected = _expected(config, out)
         if expected is not None and weights_whole:
             consistency.check_tensors(expected, stored, out, quantized)
+            if quantized:
+                quantization.check_quantized_layout(config, stored, expected, out)
         if expected is not None and tokenizer_json is not None:
             _check_tokenizer_fits(expected, stored, tokenizer_json, out)
         if deep:
