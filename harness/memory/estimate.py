@@ -277,6 +277,10 @@ def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
     reference name (harness/configs/<name>.json)."""
     if isinstance(spec, dict):
         return dict(spec), None
+    if str(spec).lower().endswith(".gguf"):
+        from .gguf import read_gguf
+
+        return {k: v for k, v in read_gguf(spec).config.items() if v is not None}, None
     path = Path(spec).expanduser()
     directory = None
     if path.is_dir():
@@ -308,7 +312,7 @@ def model_shape(spec: str | Path | dict) -> ModelShape:
         from .gguf import read_gguf
 
         info = read_gguf(spec)  # dimensions from the metadata, exact bytes by kind from the header
-        config = {k: v for k, v in info.config.items() if v is not None}
+        config, _ = load_config(spec)
         base = shape_from_config(config) if _family(config) in KNOWN_FAMILIES else _generic_dims(config)
         return replace(base, source="gguf", stored_weights=tuple(sorted(info.bytes_by_kind.items())))
     config, directory = load_config(spec)
