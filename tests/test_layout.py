@@ -116,7 +116,8 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_no_import_cycle_between_modules():
-    assert find_cycle(import_graph(LIBRARY)) is None, " -> ".join(find_cycle(import_graph(LIBRARY)))
+    cycle = find_cycle(import_graph(LIBRARY))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_no_import_cycle_between_capability_packages():
