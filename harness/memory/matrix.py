@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
 # Reading a measured matrix back: prediction errors, the accelerate anchor, planner agreement
 
 
-MEASURED_DIR = Path(__file__).resolve().parent.parent / "suites" / "vram" / "measured"
+MEASURED_DIR = Path(__file__).resolve().parent.parent.parent / "suites" / "vram" / "measured"
 
 
 def load_matrix(paths=None) -> tuple[list[dict], dict]:
