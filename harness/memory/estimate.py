@@ -273,7 +273,7 @@ def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
         if not path.is_file():
             raise UsageError(f"{directory} has no config.json")
     elif not path.is_file():
-        ref = Path(__file__).resolve().parent / "configs" / f"{spec}.json"
+        ref = Path(__file__).resolve().parent.parent / "configs" / f"{spec}.json"
         if not ref.is_file():
             raise UsageError(f"--config: {str(spec)!r} is neither a file, a model directory nor a "
                              f"reference name")
