@@ -27,6 +27,20 @@ def words(key: str) -> str:
     return str(key).replace("_", " ").strip()
 
 
+def size(n: float) -> str:
+    """Bytes for a budget: '6 GiB' when whole, else harness.units.format_bytes."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale and float(n) % scale == 0:
+            return f"{int(n // scale)} {unit}"
+    return format_bytes(n)
+
+
+def tokens(n: int) -> str:
+    """512 -> '512 tokens', 16384 -> '16k tokens'."""
+    n = int(n)
+    return f"{n // 1024}k tokens" if n >= 1024 and n % 1024 == 0 else f"{n:,} tokens"
+
+
 def plural(n: int, word: str, many: str | None = None) -> str:
     """'1 check', '2 checks'."""
     return f"{n:,} {word if n == 1 else (many or word + 's')}"

@@ -135,6 +135,10 @@ def estimate_error(points: list[dict], tolerance: float | None = None) -> str:
             left.axhline(sign * 100 * tolerance, color=GREY, linestyle="--", linewidth=0.8)
     left.axhline(0, color="#444", linewidth=0.6)
     left.set_yscale("symlog", linthresh=0.1)
+    top = max([abs(100 * p["error"]) for p in points] + [100 * (tolerance or 0), 1.0]) * 1.6
+    left.set_ylim(-top, top)
+    ticks = [t for t in (-100, -10, -1, -0.1, 0, 0.1, 1, 10, 100) if abs(t) <= top]
+    left.set_yticks(ticks, [f"{t:+g} %" if t else "0" for t in ticks])
     left.set_xticks(range(len(precisions)), precisions)
     left.set_ylabel("prediction error, % of measured (symlog)")
     left.set_title("Estimate error by precision and mode (one point per measured case)")

@@ -41,6 +41,10 @@ def _links(results: dict, index_href: str | None) -> str:
 
 
 def _table_summary(rows: list[dict]) -> str:
+    errors = [r.get("error") for r in rows if isinstance(r.get("error"), str) and r["error"].endswith("%")]
+    if errors:
+        nums = sorted(abs(float(e.rstrip("% "))) for e in errors)
+        return f"median |error| {nums[len(nums) // 2]:.2f} %, worst {nums[-1]:.2f} %"
     for column in ("verdict", "refused", "outcome", "mode"):
         values = [str(fmt.value(r.get(column))) for r in rows if column in r]
         if values:
@@ -49,10 +53,6 @@ def _table_summary(rows: list[dict]) -> str:
                 counts[v] = counts.get(v, 0) + 1
             label = "" if column in ("verdict", "outcome") else f"{column} "
             return ", ".join(f"{n} {label}{k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    errors = [r.get("error") for r in rows if isinstance(r.get("error"), str) and r["error"].endswith("%")]
-    if errors:
-        nums = sorted(abs(float(e.rstrip("% "))) for e in errors)
-        return f"median |error| {nums[len(nums) // 2]:.2f} %, worst {nums[-1]:.2f} %"
     columns = list(dict.fromkeys(c for r in rows for c in r))
     return "columns: " + ", ".join(columns[:6]) + (" ..." if len(columns) > 6 else "")
 

@@ -150,25 +150,26 @@ def vram(results: dict, tests: list[dict]) -> list[Verdict]:
 
 
 def fit(data: dict) -> Verdict:
-    budget = fmt.value(data["budget_bytes"], "budget_bytes")
+    budget = fmt.size(data["budget_bytes"])
     lines, fitting = [], 0
     focus = data.get("focus")
     panels = [p for p in data["panels"] if not focus or p["model"] == focus] or data["panels"]
     for panel in panels:
-        parts = []
+        reach: dict[int, list[str]] = {}  # longest fitting context -> precisions
         for precision, row in zip(panel["precisions"], panel["cells"]):
             ok = [c for c, cell in zip(panel["contexts"], row) if cell["fits"]]
-            if ok:
-                parts.append(f"{precision} to {fmt.number(max(ok))} tokens")
-        fitting += bool(parts)
-        what = "; ".join(parts) if parts else f"no precision fits at {fmt.number(min(panel['contexts']))} tokens"
-        lines.append(f"{panel['model']}: {what}")
+            reach.setdefault(max(ok) if ok else 0, []).append(precision)
+        fitting += any(reach)
+        parts = [f"{', '.join(ps)} to {fmt.tokens(c)}" for c, ps in sorted(reach.items(), reverse=True) if c]
+        if 0 in reach:
+            parts.append(f"{', '.join(reach[0])} not even at {fmt.tokens(min(panel['contexts']))}")
+        lines.append(f"{panel['model']}: " + "; ".join(parts))
     if focus:
         answer = "Fits" if fitting else "Does not fit"
     else:
         answer = f"{fitting} of {len(panels)} models fit"
     state = "good" if fitting == len(panels) else "warn" if fitting else "bad"
-    return Verdict(f"Will it fit in {budget}? (prefill, batch 1)", answer, state, lines)
+    return Verdict(f"Will it fit in {budget}? (longest prefill context, batch 1)", answer, state, lines)
 
 
 def nan(results: dict, tests: list[dict]) -> Verdict:
