@@ -235,6 +235,8 @@ def ci_plot(series: dict[str, list[dict]], *, title: str, xlabel: str, ylabel: s
     Series are dodged a little along x so old and new stand side by side."""
     fig, ax = new_figure((5.6, 3.5))
     names = list(series)
+    # "<file> p50" and "<file> p99" share the file's colour and marker; p99 is dashed and hollow.
+    groups = list(dict.fromkeys(n[:-4] if n.endswith((" p50", " p99")) else n for n in names))
     for i, name in enumerate(names):
         pts = sorted(series[name], key=lambda p: p["x"])
         if not pts:
@@ -244,10 +246,11 @@ def ci_plot(series: dict[str, list[dict]], *, title: str, xlabel: str, ylabel: s
         ys = [p["y"] for p in pts]
         lo = [p["y"] - p["lo"] if p.get("lo") is not None else 0 for p in pts]
         hi = [p["hi"] - p["y"] if p.get("hi") is not None else 0 for p in pts]
-        st = style(i)
-        linestyle = "--" if "p99" in name else "-"
-        ax.errorbar(xs, ys, yerr=[lo, hi], color=st["color"], marker=st["marker"], linestyle=linestyle,
-                    capsize=3, markersize=5, label=name)
+        group = name[:-4] if name.endswith((" p50", " p99")) else name
+        st = style(groups.index(group))
+        p99 = name.endswith(" p99")
+        ax.errorbar(xs, ys, yerr=[lo, hi], color=st["color"], marker=st["marker"], linestyle="--" if p99 else "-",
+                    capsize=3, markersize=5, label=name, markerfacecolor="white" if p99 else st["color"])
     if logx:
         ax.set_xscale("log", base=2)
         xs_all = sorted({p["x"] for pts in series.values() for p in pts})
@@ -278,10 +281,12 @@ def change_forest(changes: list[dict]) -> str:
                Line2D([], [], color=WARN, marker="D", label="inconclusive"),
                Line2D([], [], color=GOOD, marker="o", label="within threshold / better"),
                Line2D([], [], color="#444", linestyle="--", label="threshold (worse side)")]
-    ax.legend(handles=handles, fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4,
+    ax.legend(handles=handles, fontsize="x-small", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
               frameon=False)
-    return finish(fig, ax, title="Change from baseline with 95 % interval", xlabel="change, %", ylabel="",
-                  legend=False)
+    ax.xaxis.set_major_formatter(lambda v, _pos: f"{v:+g} %" if v else "0")
+    ax.set_xlabel("change from baseline, % (bar: 95 % interval)")
+    ax.grid(True, axis="x", alpha=0.3)
+    return svg(fig)
 
 
 def timeline(requests: list[dict], *, title: str, limit: int = 200) -> str:
