@@ -133,6 +133,16 @@ def _cell(v: Any, column: str, verdict_columns: set[str]) -> str:
     return f"<td{attrs}>{esc(text)}</td>"
 
 
+def header(column: str) -> str:
+    """A column key as a header: `median_s` -> `median` (the cells carry the unit)."""
+    text = str(column)
+    for suffix in ("_bytes", "_ms", "_s"):
+        if text.endswith(suffix):
+            text = text[: -len(suffix)]
+            break
+    return text.replace("_", " ")
+
+
 def table_html(rows: list[dict[str, Any]], table_id: str | None = None,
                columns: list[str] | None = None) -> str:
     if columns is None:
@@ -140,7 +150,7 @@ def table_html(rows: list[dict[str, Any]], table_id: str | None = None,
         for row in rows:
             columns += [c for c in row if c not in columns]
     verdict_columns = {"verdict", "outcome", "refused", "result", "tokens", "state"}
-    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
+    head = "".join(f"<th>{esc(header(c))}</th>" for c in columns)
     body = "".join("<tr>" + "".join(_cell(row.get(c), c, verdict_columns) for c in columns) + "</tr>" for row in rows)
     ident = f' id="{esc(table_id)}"' if table_id else ""
     return f'<table class="harness-table"{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
