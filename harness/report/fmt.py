@@ -97,7 +97,7 @@ def _unit_of(key: str) -> str | None:
         return "bytes"
     if k.endswith("_ms") or k.endswith(" ms"):
         return "ms"
-    if k.endswith("_s") or k.endswith(" s") or k in ("seconds", "duration"):
+    if k.endswith(("_s", " s", "_seconds")) or "_s_" in k or k in ("seconds", "duration"):
         return "s"
     if k.endswith("_hz"):
         return "Hz"

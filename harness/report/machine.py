@@ -57,8 +57,9 @@ def parts(data: dict[str, Any], host: str | None = None) -> list[tuple[str, str]
 def identity(results: dict[str, Any]) -> str:
     """Which machine a run was on, for trends: its host, else its GPU and driver."""
     machine = results.get("machine") or {}
-    if machine.get("host"):
-        return machine["host"]
     env = environment(results.get("environment") or {})
-    gpus = ", ".join(g.name for g in env.nvml.gpus) or "no GPU"
-    return f"{gpus} (driver {env.nvml.driver_version or 'none'})"
+    gpus = [g.name for g in env.nvml.gpus] or [d.name for d in env.torch.devices]
+    gpu = (f"{len(gpus)} x {gpus[0]}" if len(set(gpus)) == 1 and len(gpus) > 1 else ", ".join(gpus)) or "no GPU"
+    if machine.get("host"):
+        return f"{machine['host']} ({gpu})"
+    return f"{gpu} (driver {env.nvml.driver_version or 'none'})"

@@ -110,6 +110,13 @@ def hw(results: dict, tests: list[dict]) -> Verdict:
                        ["install the NVIDIA driver (or run on the GPU machine); use --expect-gpu to fail instead", ""])
     lines = [f"{fmt.plural(len(passed), 'check')} passed on {reason}"]
     fixes = [""]
+    skipped: dict[str, list[str]] = {}
+    for r in rows:
+        if str(r.get("verdict")).lower() == "skip":
+            skipped.setdefault(str(r.get("value") or "skipped"), []).append(str(r.get("check")))
+    for why, checks in skipped.items():
+        lines.append(f"skipped {', '.join(checks[:4])}{' and more' if len(checks) > 4 else ''}: {why}")
+        fixes.append("")
     for r in warns:
         lines.append(f"caveat, {r['check']}: {r.get('value') or ''}")
         fixes.append(str(r.get("fix") or ""))
