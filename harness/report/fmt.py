@@ -92,12 +92,12 @@ def percent(fraction: float, signed: bool = False) -> str:
 
 
 def _unit_of(key: str) -> str | None:
-    k = str(key).lower()
+    k = str(key).lower().replace(" ", "_").replace("_%", "_pct")
     if k.endswith("_bytes") or k == "bytes" or k in BYTE_KEYS or k.endswith("_peak"):
         return "bytes"
-    if k.endswith("_ms") or k.endswith(" ms"):
+    if k.endswith("_ms"):
         return "ms"
-    if k.endswith(("_s", " s", "_seconds")) or "_s_" in k or k in ("seconds", "duration"):
+    if k.endswith(("_s", "_seconds")) or "_s_" in k or k in ("seconds", "duration"):
         return "s"
     if k.endswith("_hz"):
         return "Hz"
@@ -132,8 +132,8 @@ def value(v: Any, key: str | None = None) -> str:
         if unit == "Hz":
             return f"{number(float(v))} Hz"
         if unit == "%":
-            return f"{number(float(v))} %"
-        if unit == "fraction" and isinstance(v, float) and -10 <= v <= 10:
+            return f"{float(v):+.1f} %" if "change" in str(key).lower() else f"{number(float(v))} %"
+        if unit == "fraction" and -10 <= v <= 10:
             return percent(v, signed="error" in str(key).lower() and "abs" not in str(key).lower())
         return number(v)
     return str(v)

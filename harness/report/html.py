@@ -48,11 +48,11 @@ h3{font-size:15px;margin:16px 0 6px}.sub{color:#57606a;font-size:13px;margin:0 0
 .machine b{font-weight:600}.counts{font-size:13px;margin:4px 0 8px}.counts span{margin-right:12px}
 .links{font-size:13px;margin:6px 0}.links a{margin-right:14px}
 .harness-table{border-collapse:collapse;margin:6px 0 14px;font-size:13px}
-.harness-table th,.harness-table td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}
-.harness-table th{background:#f6f8fa;position:sticky;top:0}.harness-table td.num{text-align:right;font-variant-numeric:tabular-nums}
+.harness-table th,.harness-table td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top;max-width:560px;overflow-wrap:anywhere}
+.harness-table th{background:#f6f8fa;position:sticky;top:0;white-space:nowrap}.harness-table td.num{text-align:right;font-variant-numeric:tabular-nums}
 .harness-table th.sortable{cursor:pointer}.harness-table th.sortable:after{content:" ↕";color:#8c959f}
 .st{font-weight:600;white-space:nowrap}
-details.fold{margin:8px 0;border:1px solid #d0d7de;border-radius:6px;padding:4px 10px}
+details.fold{overflow-x:auto;margin:8px 0;border:1px solid #d0d7de;border-radius:6px;padding:4px 10px}
 details.fold>summary{cursor:pointer;font-size:14px;padding:3px 0}details.fold>summary b{font-weight:600}
 details.fold>summary .sum{color:#57606a}.filter{margin:6px 0;padding:3px 6px;font-size:13px;width:260px}
 pre{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:8px;overflow:auto;font-size:12px;max-height:420px}

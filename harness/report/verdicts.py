@@ -180,19 +180,32 @@ def fit(data: dict) -> Verdict:
 
 
 def nan(results: dict, tests: list[dict]) -> Verdict:
-    cases = [t for t in tests if test_name(t["nodeid"]).startswith("case")]
-    caught = [t for t in cases if t["outcome"] == "passed"]
-    skipped = [t for t in cases if t["outcome"] == "skipped"]
+    """A fault counts once however many devices it is injected on: caught when a variant ran and
+    passed, missed when a variant failed."""
+    faults: dict[str, list[dict]] = {}
+    for t in tests:
+        name = test_name(t["nodeid"])
+        if name.startswith("case"):
+            faults.setdefault(name.split("[")[0], []).append(t)
+    missed = [f for f, ts in faults.items() if _failed(ts)]
+    caught = [f for f, ts in faults.items() if f not in missed and any(t["outcome"] == "passed" for t in ts)]
+    skipped = [t for ts in faults.values() for t in ts if t["outcome"] == "skipped"]
     failures = _failed(tests)
-    lines = [f"{len(caught)} of {len(cases)} injected faults caught and located"]
+    lines = [f"{len(caught)} of {fmt.plural(len(faults), 'injected fault')} caught and located"]
     if skipped:
-        lines.append(f"{len(skipped)} skipped: {skipped[0].get('message') or 'skipped'}")
+        lines.append(f"{fmt.plural(len(skipped), 'variant')} skipped: {skipped[0].get('message') or 'skipped'}")
     lines += _failure_lines(failures)
     if failures:
-        return Verdict(QUESTIONS["nan"], f"{len(_failed(cases))} missed" if _failed(cases) else "Failures",
-                       "bad", lines)
-    return Verdict(QUESTIONS["nan"], "All caught" if not skipped else "Caught (some skipped)",
-                   "good" if not skipped else "warn", lines)
+        return Verdict(QUESTIONS["nan"], f"{len(missed)} missed" if missed else "Failures", "bad", lines)
+    not_run = [f for f in faults if f not in caught and f not in missed]
+    if not_run:
+        lines.append(f"not run here: {', '.join(not_run)}")
+    if len(caught) == len(faults) and faults:
+        return Verdict(QUESTIONS["nan"], "All caught", "good", lines)
+    if caught:
+        return Verdict(QUESTIONS["nan"], f"Every fault that ran was caught ({len(caught)} of {len(faults)})", "good",
+                       lines)
+    return Verdict(QUESTIONS["nan"], "Not run", "neutral", lines)
 
 
 def modeldir(results: dict, tests: list[dict]) -> Verdict:
@@ -226,7 +239,8 @@ def serving(results: dict, tests: list[dict]) -> Verdict:
     regressed = [r for r in rows if str(r.get("verdict")).lower() == "regressed"]
     unsure = [r for r in rows if str(r.get("verdict")).lower() == "inconclusive"]
     for r in regressed + unsure:
-        lines.append(f"{r.get('metric')}: {r.get('verdict')}, change {fmt.value(r.get('change %'), 'change %')}")
+        lines.append(f"upgrade rehearsal, {r.get('metric')}: {r.get('verdict')}, "
+                     f"change {fmt.value(r.get('change %'), 'change %')}")
     passed = [t for t in tests if t["outcome"] == "passed"]
     lines.append(f"{len(passed)} of {len(tests)} serving checks passed")
     lines += _failure_lines(failures)
