@@ -187,6 +187,9 @@ def render(report_dir: Path) -> str:
     benches = bench_results(report_dir)
     body = [html.verdict_strip(_latest_cards(found) or [html.Verdict("What ran?", "No runs yet", "neutral",
                                                                      ["run pytest suites/hw to start"])])]
+    machines = Counter(machine.identity(data) for _path, data in found)
+    body.append(html.machine_line([(name, fmt.plural(n, "run")) for name, n in machines.most_common()]
+                                  or [("machines", "none yet")]))
     body.append(_runs_table(report_dir, found))
     body.append(_pages_table(report_dir))
     body.append(_trends(found, benches))
