@@ -25,7 +25,7 @@ DATA = Path(__file__).parent / "data" / "reports"
 # a tuple or dict repr, or a bare None/True/False as a value (not "is_available() is True" in prose)
 PYTHON_REPRS = [r"\('[^']*', ", r"\{'[^']*': ", r"(^|[:=,(\[]\s*)(None|True|False)\b"]
 VIEWPORT = {"width": 1280, "height": 800}
-RUN_KINDS = ["hw-gpu", "hw-cpu", "vram", "nan", "serving", "timings"]
+RUN_KINDS = ["hw-gpu", "hw-cpu", "vram", "nan", "modeldir", "serving", "timings"]
 BENCH_KINDS = {  # kind -> the bench results it renders (baseline first)
     "serving-gate": ["gate-new", "gate-new-max-num-seqs-1"],
     "upgrade-rehearsal": ["gate-old", "gate-new"],

@@ -78,7 +78,7 @@ def _runs_table(report_dir: Path, found: list[tuple[Path, dict]]) -> str:
         links = (f'<a href="{html.esc(page)}">report</a> · ' if has_page else "") + \
             f'<a href="{html.esc(path.name)}">JSON</a>'
         rows.append(
-            f'<tr><td data-v="{float(data.get("started") or 0)!r}">{html.esc(fmt.clock(data.get("started")))}</td>'
+            f'<tr><td style="white-space:nowrap" data-v="{float(data.get("started") or 0)!r}">{html.esc(fmt.clock(data.get("started")))}</td>'
             f"<td>{html.esc(data.get('suite'))}</td><td>{html.esc(machine.identity(data))}</td>"
             f"<td>{html.esc(_gpu(data))}</td><td>{html.esc(_versions(data))}</td><td>{html.esc(counts)}</td>"
             f'<td><span class="st" style="color:{colour}">{symbol} {html.esc(answer)}</span></td><td>{links}</td></tr>')
@@ -106,31 +106,38 @@ def _pages_table(report_dir: Path) -> str:
 
 
 def _latest_cards(found: list[tuple[Path, dict]]) -> list[html.Verdict]:
-    """The newest verdict of each suite on each machine."""
-    seen: set[tuple[str, str]] = set()
-    cards = []
+    """One card per machine: the newest answer of each suite run there (worst state first)."""
+    rank = {"bad": 3, "warn": 2, "good": 1, "neutral": 0}
+    per_machine: dict[str, dict[str, tuple[html.Verdict, float]]] = {}
     for _path, data in found:  # newest first
+        latest = per_machine.setdefault(machine.identity(data), {})
         for card in verdicts.for_run(data):
-            key = (machine.identity(data), card.question)
-            if key in seen or card.question == "Did the run finish?":
-                continue
-            seen.add(key)
-            card.lines = [f"{fmt.clock(data.get('started'))} on {machine.identity(data)}"] + card.lines[:2]
-            card.fixes = [""] + card.fixes[:2]
-            cards.append(card)
-    return cards[:9]
+            if card.question != "Did the run finish?" and card.question not in latest:
+                latest[card.question] = (card, data.get("started") or 0)
+    cards = []
+    for name, latest in per_machine.items():
+        items = sorted(latest.values(), key=lambda cv: -rank.get(cv[0].state, 0))
+        worst = items[0][0].state
+        problems = [c for c, _ in items if c.state in ("bad", "warn")]
+        answer = "All good" if not problems else f"{fmt.plural(len(problems), 'finding')} to read"
+        lines = [f"{html.STATE_STYLE[c.state][1]} {c.question} {c.answer} ({fmt.clock(t)})" for c, t in items]
+        cards.append(html.Verdict(f"Newest runs on {name}", answer, worst, lines))
+    return cards
+
+
+READINESS_LEVELS = {"Not ready": 0, "No GPU found": 1, "Ready, with caveats": 2, "Ready": 3}
 
 
 def readiness_points(found: list[tuple[Path, dict]]) -> dict[str, list[tuple[float, float]]]:
-    """machine -> [(time, % of readiness checks passing)] over the runs that had hw checks."""
+    """machine -> [(time, readiness level)] over the runs that had hardware checks."""
     series: dict[str, list[tuple[float, float]]] = {}
     for _path, data in found:
-        rows = (data.get("tables") or {}).get("Readiness") or []
-        judged = [r for r in rows if str(r.get("verdict")).lower() in ("pass", "warn", "fail")]
-        if not judged:
+        tests = verdicts.tests_by_suite(data).get("hw")
+        if not tests:
             continue
-        ok = sum(1 for r in judged if str(r.get("verdict")).lower() != "fail")
-        series.setdefault(machine.identity(data), []).append((data.get("started") or 0, 100.0 * ok / len(judged)))
+        card = verdicts.hw(data, tests)
+        series.setdefault(machine.identity(data), []).append((data.get("started") or 0,
+                                                              READINESS_LEVELS.get(card.answer, 0)))
     return series
 
 
@@ -165,8 +172,8 @@ def _trends(found: list[tuple[Path, dict]], benches: list[tuple[Path, dict]]) ->
     parts = []
     ready = readiness_points(found)
     if any(len(p) >= 2 for p in ready.values()):
-        parts.append(plots.trend(ready, title="Readiness over time (each hw run)", ylabel="checks passing, %",
-                                 step=False))
+        parts.append(plots.trend(ready, title="Readiness over time (each hw run)", ylabel="",
+                                 step=True, yticks={v: k for k, v in READINESS_LEVELS.items()}))
     else:
         parts.append(html.note("Readiness over time: drawn once a machine has two runs with hardware checks "
                                f"({sum(len(p) for p in ready.values())} so far)."))

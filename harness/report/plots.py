@@ -343,7 +343,7 @@ def server_series(samples: list[dict], *, title: str) -> str:
 
 
 def trend(series: dict[str, list[tuple[float, float]]], *, title: str, ylabel: str, dates: bool = True,
-          step: bool = False) -> str:
+          step: bool = False, yticks: dict[float, str] | None = None) -> str:
     """series name -> [(epoch or x, y)], one marker per run."""
     import datetime as dt
 
@@ -358,6 +358,9 @@ def trend(series: dict[str, list[tuple[float, float]]], *, title: str, ylabel: s
             ax.plot(xs, [y for _, y in pts], color=st["color"], marker=st["marker"], label=name)
     if dates:
         fig.autofmt_xdate()
+    if yticks:
+        ax.set_yticks(list(yticks), list(yticks.values()))
+        ax.set_ylim(min(yticks) - 0.4, max(yticks) + 0.4)
     return finish(fig, ax, title=title, xlabel="run time" if dates else "", ylabel=ylabel, legend=len(series) > 1)
 
 

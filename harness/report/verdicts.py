@@ -203,7 +203,7 @@ def nan(results: dict, tests: list[dict]) -> Verdict:
     if len(caught) == len(faults) and faults:
         return Verdict(QUESTIONS["nan"], "All caught", "good", lines)
     if caught:
-        return Verdict(QUESTIONS["nan"], f"Every fault that ran was caught ({len(caught)} of {len(faults)})", "good",
+        return Verdict(QUESTIONS["nan"], f"All that ran caught ({len(caught)} of {len(faults)})", "good",
                        lines)
     return Verdict(QUESTIONS["nan"], "Not run", "neutral", lines)
 
