@@ -8,7 +8,6 @@ import json
 import statistics
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from .. import atomic
 from . import fmt, html, machine, pages, plots, verdicts
