@@ -51,8 +51,9 @@ def _table_summary(rows: list[dict]) -> str:
             counts: dict[str, int] = {}
             for v in values:
                 counts[v] = counts.get(v, 0) + 1
-            label = "" if column in ("verdict", "outcome") else f"{column} "
-            return ", ".join(f"{n} {label}{k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+            if column in ("verdict", "outcome"):
+                return ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+            return ", ".join(f"{n} with {column} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     columns = list(dict.fromkeys(c for r in rows for c in r))
     return "columns: " + ", ".join(columns[:6]) + (" ..." if len(columns) > 6 else "")
 
