@@ -26,10 +26,10 @@ DATA = Path(__file__).parent / "data" / "reports"
 PYTHON_REPRS = [r"\('[^']*', ", r"\{'[^']*': ", r"(^|[:=,(\[]\s*)(None|True|False)\b"]
 VIEWPORT = {"width": 1280, "height": 800}
 RUN_KINDS = ["hw-gpu", "hw-cpu", "vram", "nan", "modeldir", "serving", "timings"]
-BENCH_KINDS = {  # kind -> the bench results it renders (baseline first)
-    "serving-gate": ["gate-new", "gate-new-max-num-seqs-1"],
-    "upgrade-rehearsal": ["gate-old", "gate-new"],
-    "bench": ["sweep-new"],
+BENCH_KINDS = {  # kind -> the bench results it renders (baseline first), fixture name: file name
+    "serving-gate": {"gate-baseline": "gate-new", "gate-new-max-num-seqs-1": "gate-new-max-num-seqs-1"},
+    "upgrade-rehearsal": {"gate-old": "gate-old", "gate-new": "gate-new"},
+    "bench": {"sweep-new": "sweep-new"},
 }
 
 
@@ -119,7 +119,8 @@ def _render_run(kind: str, out: Path) -> Path:
 def _render_bench(kind: str, out: Path) -> Path:
     names = BENCH_KINDS[kind]
     page = out / f"{kind}.html"
-    page.write_text(bench_html.render([f"{n}.json" for n in names], [load(n) for n in names]), encoding="utf-8")
+    page.write_text(bench_html.render([f"{f}.json" for f in names.values()], [load(n) for n in names]),
+                    encoding="utf-8")
     return page
 
 
@@ -141,7 +142,7 @@ def test_serving_page_first_screen(browser, shots, tmp_path, kind):
     visit = Visit(browser, _render_bench(kind, tmp_path))
     visit.check_first_screen(shots / f"{kind}.png")
     verdict = visit.page.inner_text("#verdict")
-    names = BENCH_KINDS[kind]
+    names = list(BENCH_KINDS[kind])
     if len(names) == 2:  # the page's answer is the gate's own (same noise model, same thresholds)
         from harness.serving import compare as cmp
         from harness.serving.results import FINGERPRINT_FIELDS
@@ -162,7 +163,7 @@ def test_index_first_screen_and_links(browser, shots, tmp_path):
         (tmp_path / name).write_text(json.dumps(data))
         (tmp_path / data["html"]).write_text(run_html.render(data))
     (tmp_path / "serving").mkdir()
-    for kind, names in BENCH_KINDS.items():
+    for names in BENCH_KINDS.values():
         for n in names:
             (tmp_path / "serving" / f"{n}.json").write_text(json.dumps(load(n)))
     _render_bench("serving-gate", tmp_path / "serving")
