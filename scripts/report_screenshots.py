@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The README's screenshots: the browser tests' first screens (reports/screenshots/*.png) scaled
-to 960 px and reduced to a 128-colour palette, written to docs/screenshots/.
+to 800 px and reduced to a 128-colour palette, written to docs/screenshots/.
 
     .venv/bin/python -m pytest tests/test_report_browser.py && .venv/bin/python scripts/report_screenshots.py
 """
@@ -24,8 +24,8 @@ def main() -> int:
     total = 0
     for kind in KINDS:
         image = Image.open(src / f"{kind}.png").convert("RGB")
-        image = image.resize((960, round(image.height * 960 / image.width)), Image.LANCZOS)
-        image.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(out / f"{kind}.png", optimize=True)
+        image = image.resize((800, round(image.height * 800 / image.width)), Image.LANCZOS)
+        image.quantize(colors=128, method=Image.Quantize.FASTOCTREE).save(out / f"{kind}.png", optimize=True)
         total += (out / f"{kind}.png").stat().st_size
     print(f"wrote {len(KINDS)} screenshots to {out}, {total / 1024:.0f} KiB in all", file=sys.stderr)
     return 0
