@@ -45,7 +45,7 @@ def parts(data: dict[str, Any], host: str | None = None) -> list[tuple[str, str]
     if host:
         out.insert(0, ("host", host))
     out += [("driver", n.driver_version or "none"),
-            ("CUDA", f"driver max {n.cuda_driver_version_str or 'none'}, torch {t.cuda_build or 'CPU-only build'}"),
+            ("CUDA", f"driver max {n.cuda_driver_version_str or 'none'}, torch {t.cuda_build or 'cpu-only build'}"),
             ("torch", t.version or "missing"),
             ("transformers", p.get("transformers") or "missing"),
             ("peft", p.get("peft") or "missing"),
