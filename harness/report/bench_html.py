@@ -266,8 +266,13 @@ def render(paths: list[str], datas: list[dict], comparison: Any = None, *, compa
                                  + html.table("Comparison", _comparison_rows(result), open_=True,
                                               summary=f"{len(result.changes)} metric comparisons")
                                  + ("".join(html.note(b) for b in result.behaviours)), level=2))
+    if result is not None and not text:
+        from ..serving.compare import format_table
+
+        text = format_table(result)
     if text:
-        body.append(html.fold("Comparison as text", "the gate's table", f"<pre>{html.esc(text)}</pre>"))
+        body.append(html.fold("Comparison as text", "the table `harness compare` prints",
+                              f"<pre>{html.esc(text)}</pre>"))
     body.append(_level_figures(labels, datas))
     per_file = []
     for label, data in zip(labels, datas):
