@@ -151,7 +151,8 @@ def render(results: dict, index_href: str | None = "index.html") -> str:
     body.append(_failures(tests))
     body.append(html.section("Tests", html.table_fold("Every test", f"{len(tests)} tests, "
                                                        + verdicts._counts(tests), _tests_table(tests),
-                                                       open_=len(tests) <= html.FOLD_ROWS), level=2))
+                                                       open_=_open([{"verdict": t["outcome"].removesuffix("ped")}
+                                                                    for t in tests])), level=2))
     body.append(_environment(results))
     body.append(f"<footer>{html.esc(TITLE)} · results schema {results.get('schema_version')} · "
                 f"{html.esc(fmt.clock(results.get('started')))}</footer>")
