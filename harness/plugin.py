@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from .errors import UsageError
 from .fleet import merge as fleet_merge
 from .fleet.gpus import visible_gpus
 from .report import html as report_html
+from .report import machine as report_machine
 from .report.results import RunResults, TestResult
 
 MARKERS = {
@@ -99,6 +101,7 @@ def _suite_name(config) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-html reads --html
 def pytest_configure(config):
+    started = time.time()
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     options = {name: config.getoption(name) for name in OPTION_NAMES}
@@ -119,15 +122,18 @@ def pytest_configure(config):
     suite = _suite_name(config)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     settings.report_dir.mkdir(parents=True, exist_ok=True)
-    if getattr(config.option, "htmlpath", None) is None and config.pluginmanager.hasplugin("html"):
-        config.option.htmlpath = str(settings.report_dir / f"{suite}-{stamp}.html")
-        config.option.self_contained_html = True
+    # The harness writes its own report (harness.report.run_html) next to the JSON; pytest-html
+    # still writes one where --html asks for it.
+    environment = config.stash[env_key].to_dict()
     results_class = fleet_merge.WorkerResults if _xdist_worker(config) else RunResults  # xdist: controller writes
     config.stash[results_key] = results_class(
         path=settings.report_dir / f"{suite}-{stamp}.json",
         suite=suite,
-        environment=config.stash[env_key].to_dict(),
+        environment=environment,
         settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(settings).items()},
+        machine=report_machine.summary(environment, host=platform.node()),
+        html_path=f"{suite}-{stamp}.html",
+        started=started,
     )
     config.stash[results_key].write()
 
@@ -153,16 +159,14 @@ def pytest_html_report_title(report):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_html_results_summary(prefix, summary, postfix, session):
+    """Only with --html (pytest-html's own page): the verdicts and the harness's report link."""
     config = session.config
-    prefix.append(f"<p><b>Machine</b>: {report_html.html.escape(env_mod.header_line(config.stash[env_key]))}</p>")
-    readiness = env_mod.gpu_readiness(config.stash[env_key])
-    prefix.append(f"<p><b>GPU</b>: {readiness.state}: {report_html.html.escape(readiness.reason)}</p>")
     results = config.stash[results_key]
-    postfix.append(report_html.TABLE_STYLE)
-    for title, rows in results.tables.items():
-        postfix.append(report_html.table(title, rows))
-    for title, fragment in config.stash[html_fragments_key]:
-        postfix.append(report_html.section(title, fragment))
+    from .report import verdicts
+
+    prefix.append(report_html.TABLE_STYLE + report_html.verdict_strip(verdicts.for_run(results.to_dict())))
+    prefix.append(f"<p><b>Machine</b>: {report_html.esc(env_mod.header_line(config.stash[env_key]))}</p>")
+    prefix.append(f"<p>The harness's report: {report_html.esc(results.path.with_suffix('.html'))}</p>")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,6 +221,21 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     report.harness_record = item.stash.get(record_key, {})
+    if call.when == "call":
+        report.harness_benchmark = _benchmark_stats(item)
+
+
+def _benchmark_stats(item) -> dict | None:
+    """pytest-benchmark's figures for this test (its `benchmark` fixture), in seconds."""
+    fixture = getattr(item, "funcargs", {}).get("benchmark")
+    meta = getattr(fixture, "stats", None)
+    stats = getattr(meta, "stats", None)
+    if stats is None or not getattr(stats, "data", None):
+        return None
+    return {"name": item.nodeid.split("::", 1)[-1].removeprefix("test_"), "group": getattr(meta, "group", None),
+            "median_s": stats.median, "min_s": stats.min, "mean_s": stats.mean, "max_s": stats.max,
+            "stddev_s": stats.stddev if stats.rounds > 1 else 0.0, "rounds": stats.rounds,
+            "extra": dict(getattr(meta, "extra_info", {}) or {})}
 
 
 def _outcome(report) -> str:
@@ -230,6 +249,9 @@ def _outcome(report) -> str:
 def _message(report) -> str | None:
     if report.skipped and isinstance(report.longrepr, tuple):
         return str(report.longrepr[2]).removeprefix("Skipped: ")
+    if report.skipped:
+        return str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message
+                   or "skipped").removeprefix("Skipped: ")
     if report.failed:
         text = getattr(report, "longreprtext", "") or ""
         lines = [ln for ln in text.splitlines() if ln.startswith("E ")] or text.splitlines()[-1:]
@@ -252,7 +274,10 @@ def pytest_runtest_logreport(report):
             message=_message(report),
             markers=[k for k in report.keywords if k in MARKERS],
             record=dict(getattr(report, "harness_record", {}) or {}),
+            detail=(getattr(report, "longreprtext", "") or "")[-20000:] if report.failed else None,
         ))
+        if report.when == "call" and getattr(report, "harness_benchmark", None):
+            config.stash[results_key].benchmarks.append(report.harness_benchmark)
 
 
 _current_config = None
@@ -265,27 +290,42 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """The JSON, then the HTML report rendered from it, latest.*, links both ways between the
+    report and the pages the run produced (serving gate, upgrade rehearsal), and index.html."""
     config = session.config
-    if results_key in config.stash:
-        config.stash[results_key].finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+    if results_key not in config.stash:
+        return
+    results = config.stash[results_key]
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller writes the report
+        results.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+        return
+    from .report import index, pages, run_html
+
+    report_dir = config.stash[settings_key].report_dir
+    produced = pages.produced_since(report_dir, results.started, exclude={results.html_path})
+    results.links = [{"title": title, "path": rel} for rel, title in produced]
+    results.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+    data = results.to_dict()
+    page = run_html.render(data)
+    atomic.write_text(report_dir / results.html_path, page)
+    atomic.write_text(report_dir / "latest.html", page)
+    atomic.write_text(report_dir / "latest.json", results.path.read_text(encoding="utf-8"))
+    for rel, _title in produced:
+        pages.add_backlink(report_dir / rel, report_dir / results.html_path, f"{results.suite} run report")
+    index.write(report_dir)
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    if results_key in config.stash:
-        terminalreporter.write_line(f"harness: results JSON: {config.stash[results_key].path}")
+    if results_key in config.stash and not hasattr(config, "workerinput"):
+        results = config.stash[results_key]
+        terminalreporter.write_line(f"harness: report: {results.path.with_suffix('.html')} "
+                                    f"(all runs: {results.path.parent / 'index.html'})")
+        terminalreporter.write_line(f"harness: results JSON: {results.path}")
 
 
 def pytest_unconfigure(config):
-    """reports/latest.html and latest.json: copies of this run's files (pytest-html has written by now)."""
     global _current_config
     _current_config = None
-    if results_key not in config.stash or _xdist_worker(config):  # xdist: only the controller writes
-        return
-    report_dir = config.stash[settings_key].report_dir
-    html_path = getattr(config.option, "htmlpath", None)
-    for source, name in ((html_path, "latest.html"), (config.stash[results_key].path, "latest.json")):
-        if source and Path(source).is_file():
-            atomic.write_text(report_dir / name, Path(source).read_text(encoding="utf-8"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,6 +350,12 @@ class Recorder:
 
     def html(self, title: str, fragment: str) -> None:
         self._item.config.stash[html_fragments_key].append((title, fragment))
+        self._item.config.stash[results_key].fragments.append({"title": title, "html": fragment})
+
+    def figure(self, kind: str, title: str, data: dict[str, Any]) -> None:
+        """A figure kept as data (harness.report.figures: estimate_error, fit_map, lines), drawn
+        when the report is rendered."""
+        self._item.config.stash[results_key].add_figure(kind, title, data)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -468,10 +514,12 @@ def pytest_runtest_logreport_xdist(report):
         report.harness_record = fleet_merge.plain(record)
         report.user_properties = fleet_merge.plain(list(report.user_properties))
         outbox = config.stash.setdefault(outbox_key, fleet_merge.Outbox())
-        report.harness_rows, report.harness_html = outbox.drain(config.stash[results_key].tables,
-                                                                config.stash[html_fragments_key])
+        results = config.stash[results_key]
+        report.harness_rows, report.harness_html, report.harness_figures = outbox.drain(
+            results.tables, config.stash[html_fragments_key], results.figures)
         return
-    _take_in(config, getattr(report, "harness_rows", None), getattr(report, "harness_html", None))
+    _take_in(config, getattr(report, "harness_rows", None), getattr(report, "harness_html", None),
+             getattr(report, "harness_figures", None))
     if report.when not in ("setup", "call", "teardown") and report.failed:  # xdist's report of a crashed worker
         worker = getattr(getattr(report, "node", None), "gateway", None)
         worker_id = getattr(worker, "id", None)
@@ -483,10 +531,12 @@ def pytest_runtest_logreport_xdist(report):
             record={fleet_merge.RECORD_WORKER: worker_id, fleet_merge.RECORD_GPU: state.gpu if state else None}))
 
 
-def _take_in(config, rows, fragments) -> None:
+def _take_in(config, rows, fragments, figures) -> None:
     results = config.stash[results_key]
     for table, row in rows or ():
         results.add_row(table, row)
+    for figure in figures or ():
+        results.add_figure(figure["kind"], figure["title"], figure["data"])
     for title, fragment in fragments or ():
         config.stash[html_fragments_key].append((title, fragment))
 
@@ -497,8 +547,9 @@ def pytest_sessionfinish_xdist(session, exitstatus):
     config = session.config
     if _xdist_worker(config) and results_key in config.stash:
         outbox = config.stash.setdefault(outbox_key, fleet_merge.Outbox())
-        rows, fragments = outbox.drain(config.stash[results_key].tables, config.stash[html_fragments_key])
-        config.workeroutput["harness_rows"], config.workeroutput["harness_html"] = rows, fragments
+        results = config.stash[results_key]
+        rows, fragments, figures = outbox.drain(results.tables, config.stash[html_fragments_key], results.figures)
+        config.workeroutput.update(harness_rows=rows, harness_html=fragments, harness_figures=figures)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -508,7 +559,7 @@ def pytest_testnodedown(node, error):
     if results_key not in config.stash or ledger_key not in config.stash:
         return
     output = getattr(node, "workeroutput", None) or {}
-    _take_in(config, output.get("harness_rows"), output.get("harness_html"))
+    _take_in(config, output.get("harness_rows"), output.get("harness_html"), output.get("harness_figures"))
     ledger = config.stash[ledger_key]
     ledger.down(node.gateway.id, error)
     results = config.stash[results_key]

@@ -75,8 +75,28 @@ ensure_llmcompressor_venv() {  # the quantizer (issue 14): llm-compressor pins t
   say ".venvs/llmcompressor ready"
 }
 
+ensure_browser() {  # Chromium from the OS packages, for the report browser tests (tests/test_report_browser.py)
+  if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+    say "chromium is installed"; return 0
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    say "no apt-get here: install chromium yourself, or the browser tests skip"; return 0
+  fi
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo -n"
+  say "installing chromium (Debian packages) ..."
+  if ! { $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium; } \
+      > "${TMPDIR:-/tmp}/harness-apt-chromium.log" 2>&1; then
+    say "chromium install failed (${TMPDIR:-/tmp}/harness-apt-chromium.log)"
+    [ -n "${CI:-}" ] && return 1  # CI must run the browser tests; elsewhere they skip
+    return 0
+  fi
+  say "chromium ready"
+}
+
 ensure_all_venvs() {  # the installs in parallel; fail if any failed
   local pids=() v
+  ensure_browser & pids+=($!)
   { ensure_harness_venv && ensure_fleet_extra; } & pids+=($!)  # the extra needs .venv first
   for v in $VLLM_VERSIONS; do ensure_vllm_venv "$v" & pids+=($!); done
   ensure_scanners_venv & pids+=($!)

@@ -94,9 +94,11 @@ def test_pick_gpu_balances_and_refills_a_crashed_workers_gpu():
 
 
 def test_outbox_sends_each_row_once():
-    box, tables, fragments = Outbox(), {"T": [{"a": 1}]}, [("plot", "<svg/>")]
-    assert box.drain(tables, fragments) == ([["T", {"a": 1}]], [["plot", "<svg/>"]])
+    box, tables, fragments, figures = Outbox(), {"T": [{"a": 1}]}, [("plot", "<svg/>")], []
+    assert box.drain(tables, fragments, figures) == ([["T", {"a": 1}]], [["plot", "<svg/>"]], [])
     tables["T"].append({"a": float("nan")})
     tables["U"] = [{"b": Path("/x")}]
-    assert box.drain(tables, fragments) == ([["T", {"a": "nan"}], ["U", {"b": "/x"}]], [])
-    assert box.drain(tables, fragments) == ([], [])
+    figures.append({"kind": "lines", "title": "TTFT", "data": {"x": [1]}})
+    assert box.drain(tables, fragments, figures) == ([["T", {"a": "nan"}], ["U", {"b": "/x"}]], [],
+                                                     [{"kind": "lines", "title": "TTFT", "data": {"x": [1]}}])
+    assert box.drain(tables, fragments, figures) == ([], [], [])

@@ -35,12 +35,13 @@ def plain(value: Any) -> Any:
 
 @dataclass
 class Outbox:
-    """What of a worker's tables and HTML blocks the controller has not been sent yet."""
+    """What of a worker's tables, HTML blocks and figures the controller has not been sent yet."""
 
     sent_rows: dict[str, int] = field(default_factory=dict)
     sent_fragments: int = 0
+    sent_figures: int = 0
 
-    def drain(self, tables: dict[str, list[dict]], fragments: list) -> tuple[list, list]:
+    def drain(self, tables: dict[str, list[dict]], fragments: list, figures: list) -> tuple[list, list, list]:
         rows = []
         for table, table_rows in tables.items():
             start = self.sent_rows.get(table, 0)
@@ -48,7 +49,9 @@ class Outbox:
             self.sent_rows[table] = len(table_rows)
         new_fragments = [list(f) for f in fragments[self.sent_fragments:]]
         self.sent_fragments = len(fragments)
-        return plain(rows), plain(new_fragments)
+        new_figures = figures[self.sent_figures:]
+        self.sent_figures = len(figures)
+        return plain(rows), plain(new_fragments), plain(new_figures)
 
 
 @dataclass
