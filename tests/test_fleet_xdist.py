@@ -69,11 +69,11 @@ def test_workers_get_their_own_gpu_and_one_report(tmp_path):
     assert len(replacement) == 1 and replacement[0]["CUDA_VISIBLE_DEVICES"] in ("3", "5")
     assert sum(w["tests"] for w in workers.values()) == len(tests)
 
-    # only the controller wrote: one run's JSON and HTML, and their latest.* copies
-    names = sorted(p.name for p in reports.iterdir())
+    # only the controller wrote: one run's JSON and HTML, their latest.* copies and the index
+    names = sorted(p.name for p in reports.iterdir() if p.name != "index.html")
     assert len(names) == 4 and {"latest.json", "latest.html"} <= set(names), names
     html = (reports / "latest.html").read_text()
-    assert "<h3>Seen</h3>" in html and "<h3>Workers</h3>" in html and "planted failure" in html
+    assert "<b>Seen</b>" in html and "<b>Workers</b>" in html and "planted failure" in html
 
 
 def test_visible_gpus_read_cuda_visible_devices_as_cuda_does():
