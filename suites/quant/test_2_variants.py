@@ -6,7 +6,7 @@ import pytest
 
 from harness.modeldir import check_dir
 
-import variants as v
+import quant_variants as v
 
 
 @pytest.fixture(scope="module")
