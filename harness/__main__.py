@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "load an OpenAI-compatible endpoint and measure TTFT, TPOT, ITL, throughput"),
     "compare": ("compare", "compare two bench results with a noise model; exit 1 on a regression"),
     "report": ("report", "render results JSON files into one self-contained HTML report"),
+    "fleet": ("fleet", "run the suites on every node of a Ray cluster and write one fleet report"),
 }
 
 

@@ -9,6 +9,8 @@ every run leave a self-contained HTML report and a JSON results file under repor
 from __future__ import annotations
 
 import contextlib
+import os
+import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,10 @@ from . import env as env_mod
 from . import models
 from . import settings as settings_mod
 from .errors import UsageError
+from .fleet import merge as fleet_merge
+from .fleet.gpus import visible_gpus
 from .report import html as report_html
+from .report import machine as report_machine
 from .report.results import RunResults, TestResult
 
 MARKERS = {
@@ -32,7 +37,8 @@ MARKERS = {
     "destructive": "crashes, kills, overloads past failure or restarts a server: only on servers the harness started",
 }
 OPTION_NAMES = ("model", "device", "vram_budget", "precisions", "expect_gpu", "report_dir",
-                "vllm_python", "baseline_vllm_python", "endpoint", "baseline", "hw_level")
+                "vllm_python", "baseline_vllm_python", "endpoint", "baseline", "hw_level",
+                "llmcompressor_python")
 
 settings_key = pytest.StashKey[settings_mod.Settings]()
 env_key = pytest.StashKey[env_mod.Environment]()
@@ -62,6 +68,9 @@ def pytest_addoption(parser):
                     help="an already running OpenAI-compatible server to test instead of starting vLLM")
     group.addoption("--baseline", default=None, help="bench results JSON to compare this run's serving figures against")
     group.addoption("--hw-level", default=None, help="hardware check depth: quick (default) or full")
+    group.addoption("--llmcompressor-python", default=None,
+                    help="python of the venv holding llm-compressor, for the quantize step "
+                         "(default: .venvs/llmcompressor/bin/python)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,6 +102,7 @@ def _suite_name(config) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-html reads --html
 def pytest_configure(config):
+    started = time.time()
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     options = {name: config.getoption(name) for name in OPTION_NAMES}
@@ -102,19 +112,29 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     config.stash[settings_key] = settings
     config.stash[env_key] = env_mod.probe_environment(settings.vllm_python)
+    environment = config.stash[env_key]
+    try:  # an explicit --device cuda:N that is not there is bad usage, not a CPU run
+        settings_mod.check_device(settings.device, [(d.index, d.name) for d in environment.torch.devices],
+                                  [g.index for g in environment.nvml.gpus])
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config.stash[html_fragments_key] = []
 
     suite = _suite_name(config)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     settings.report_dir.mkdir(parents=True, exist_ok=True)
-    if getattr(config.option, "htmlpath", None) is None and config.pluginmanager.hasplugin("html"):
-        config.option.htmlpath = str(settings.report_dir / f"{suite}-{stamp}.html")
-        config.option.self_contained_html = True
-    config.stash[results_key] = RunResults(
+    # The harness writes its own report (harness.report.run_html) next to the JSON; pytest-html
+    # still writes one where --html asks for it.
+    environment = config.stash[env_key].to_dict()
+    results_class = fleet_merge.WorkerResults if _xdist_worker(config) else RunResults  # xdist: controller writes
+    config.stash[results_key] = results_class(
         path=settings.report_dir / f"{suite}-{stamp}.json",
         suite=suite,
-        environment=config.stash[env_key].to_dict(),
+        environment=environment,
         settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(settings).items()},
+        machine=report_machine.summary(environment, host=platform.node()),
+        html_path=f"{suite}-{stamp}.html",
+        started=started,
     )
     config.stash[results_key].write()
 
@@ -140,16 +160,14 @@ def pytest_html_report_title(report):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_html_results_summary(prefix, summary, postfix, session):
+    """Only with --html (pytest-html's own page): the verdicts and the harness's report link."""
     config = session.config
-    prefix.append(f"<p><b>Machine</b>: {report_html.html.escape(env_mod.header_line(config.stash[env_key]))}</p>")
-    readiness = env_mod.gpu_readiness(config.stash[env_key])
-    prefix.append(f"<p><b>GPU</b>: {readiness.state}: {report_html.html.escape(readiness.reason)}</p>")
     results = config.stash[results_key]
-    postfix.append(report_html.TABLE_STYLE)
-    for title, rows in results.tables.items():
-        postfix.append(report_html.table(title, rows))
-    for title, fragment in config.stash[html_fragments_key]:
-        postfix.append(report_html.section(title, fragment))
+    from .report import verdicts
+
+    prefix.append(report_html.TABLE_STYLE + report_html.verdict_strip(verdicts.for_run(results.to_dict())))
+    prefix.append(f"<p><b>Machine</b>: {report_html.esc(env_mod.header_line(config.stash[env_key]))}</p>")
+    prefix.append(f"<p>The harness's report: {report_html.esc(results.path.with_suffix('.html'))}</p>")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +224,21 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     report.harness_record = item.stash.get(record_key, {})
+    if call.when == "call":
+        report.harness_benchmark = _benchmark_stats(item)
+
+
+def _benchmark_stats(item) -> dict | None:
+    """pytest-benchmark's figures for this test (its `benchmark` fixture), in seconds."""
+    fixture = getattr(item, "funcargs", {}).get("benchmark")
+    meta = getattr(fixture, "stats", None)
+    stats = getattr(meta, "stats", None)
+    if stats is None or not getattr(stats, "data", None):
+        return None
+    return {"name": item.nodeid.split("::", 1)[-1].removeprefix("test_"), "group": getattr(meta, "group", None),
+            "median_s": stats.median, "min_s": stats.min, "mean_s": stats.mean, "max_s": stats.max,
+            "stddev_s": stats.stddev if stats.rounds > 1 else 0.0, "rounds": stats.rounds,
+            "extra": dict(getattr(meta, "extra_info", {}) or {})}
 
 
 def _outcome(report) -> str:
@@ -219,6 +252,9 @@ def _outcome(report) -> str:
 def _message(report) -> str | None:
     if report.skipped and isinstance(report.longrepr, tuple):
         return str(report.longrepr[2]).removeprefix("Skipped: ")
+    if report.skipped:
+        return str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message
+                   or "skipped").removeprefix("Skipped: ")
     if report.failed:
         text = getattr(report, "longreprtext", "") or ""
         lines = [ln for ln in text.splitlines() if ln.startswith("E ")] or text.splitlines()[-1:]
@@ -241,7 +277,10 @@ def pytest_runtest_logreport(report):
             message=_message(report),
             markers=[k for k in report.keywords if k in MARKERS],
             record=dict(getattr(report, "harness_record", {}) or {}),
+            detail=(getattr(report, "longreprtext", "") or "")[-20000:] if report.failed else None,
         ))
+        if report.when == "call" and getattr(report, "harness_benchmark", None):
+            config.stash[results_key].benchmarks.append(report.harness_benchmark)
 
 
 _current_config = None
@@ -254,27 +293,42 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """The JSON, then the HTML report rendered from it, latest.*, links both ways between the
+    report and the pages the run produced (serving gate, upgrade rehearsal), and index.html."""
     config = session.config
-    if results_key in config.stash:
-        config.stash[results_key].finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+    if results_key not in config.stash:
+        return
+    results = config.stash[results_key]
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller writes the report
+        results.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+        return
+    from .report import index, pages, run_html
+
+    report_dir = config.stash[settings_key].report_dir
+    produced = pages.produced_since(report_dir, results.started, exclude={results.html_path})
+    results.links = [{"title": title, "path": rel} for rel, title in produced]
+    results.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+    data = results.to_dict()
+    page = run_html.render(data)
+    atomic.write_text(report_dir / results.html_path, page)
+    atomic.write_text(report_dir / "latest.html", page)
+    atomic.write_text(report_dir / "latest.json", results.path.read_text(encoding="utf-8"))
+    for rel, _title in produced:
+        pages.add_backlink(report_dir / rel, report_dir / results.html_path, f"{results.suite} run report")
+    index.write(report_dir)
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    if results_key in config.stash:
-        terminalreporter.write_line(f"harness: results JSON: {config.stash[results_key].path}")
+    if results_key in config.stash and not hasattr(config, "workerinput"):
+        results = config.stash[results_key]
+        terminalreporter.write_line(f"harness: report: {results.path.with_suffix('.html')} "
+                                    f"(all runs: {results.path.parent / 'index.html'})")
+        terminalreporter.write_line(f"harness: results JSON: {results.path}")
 
 
 def pytest_unconfigure(config):
-    """reports/latest.html and latest.json: copies of this run's files (pytest-html has written by now)."""
     global _current_config
     _current_config = None
-    if results_key not in config.stash:
-        return
-    report_dir = config.stash[settings_key].report_dir
-    html_path = getattr(config.option, "htmlpath", None)
-    for source, name in ((html_path, "latest.html"), (config.stash[results_key].path, "latest.json")):
-        if source and Path(source).is_file():
-            atomic.write_text(report_dir / name, Path(source).read_text(encoding="utf-8"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,6 +353,12 @@ class Recorder:
 
     def html(self, title: str, fragment: str) -> None:
         self._item.config.stash[html_fragments_key].append((title, fragment))
+        self._item.config.stash[results_key].fragments.append({"title": title, "html": fragment})
+
+    def figure(self, kind: str, title: str, data: dict[str, Any]) -> None:
+        """A figure kept as data (harness.report.figures: estimate_error, fit_map, lines), drawn
+        when the report is rendered."""
+        self._item.config.stash[results_key].add_figure(kind, title, data)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -396,3 +456,128 @@ def vram_budget(settings, device):
         yield state
     finally:
         release_budget(state)
+
+
+# ---------------------------------------------------------------------------------------------
+# pytest-xdist: one GPU per worker, one report. The controller gives each worker a GPU of its own
+# (CUDA_VISIBLE_DEVICES, set in the worker before anything initialises CUDA); workers never write
+# reports/, they send their tests' records, table rows and HTML blocks to the controller, which
+# alone writes the JSON and HTML. Hooks that the report hooks above also implement are named
+# pytest_<hook>_xdist (specname), so this section stays separate. Logic lives in harness/fleet.
+
+WORKER_GPU_KEY = "harness_cuda_visible_devices"  # in xdist's workerinput
+ledger_key = pytest.StashKey[fleet_merge.WorkerLedger]()
+outbox_key = pytest.StashKey[fleet_merge.Outbox]()
+
+
+def _xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` where the driver shows GPUs: one worker per visible GPU (else xdist's CPU count)."""
+    nvml = env_mod.probe_nvml()
+    if not nvml.gpus:
+        return None
+    return len(visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), len(nvml.gpus))) or None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Controller, before a worker starts: the GPU fewest live workers hold."""
+    config = node.config
+    if ledger_key not in config.stash:
+        environment = config.stash[env_key]
+        gpus = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), len(environment.nvml.gpus))
+        names = fleet_merge.gpu_names(gpus, [vars(g) for g in environment.nvml.gpus])
+        config.stash[ledger_key] = fleet_merge.WorkerLedger(gpus, names)
+    node.workerinput[WORKER_GPU_KEY] = config.stash[ledger_key].assign(node.gateway.id)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Worker: take the controller's GPU before the environment probe initialises CUDA."""
+    gpu = getattr(config, "workerinput", {}).get(WORKER_GPU_KEY)
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_runtest_logreport")
+def pytest_runtest_logreport_xdist(report):
+    """Worker: tag the report with worker and GPU and attach what its tests added since the last
+    one (before xdist serialises it). Controller: take those in; record a crashed worker's test."""
+    config = _current_config
+    if config is None or results_key not in config.stash:
+        return
+    if _xdist_worker(config):
+        record = dict(getattr(report, "harness_record", {}) or {})
+        record[fleet_merge.RECORD_WORKER] = config.workerinput.get("workerid")
+        record[fleet_merge.RECORD_GPU] = os.environ.get("CUDA_VISIBLE_DEVICES")
+        report.harness_record = fleet_merge.plain(record)
+        report.user_properties = fleet_merge.plain(list(report.user_properties))
+        outbox = config.stash.setdefault(outbox_key, fleet_merge.Outbox())
+        results = config.stash[results_key]
+        report.harness_rows, report.harness_html, report.harness_figures = outbox.drain(
+            results.tables, config.stash[html_fragments_key], results.figures)
+        return
+    _take_in(config, getattr(report, "harness_rows", None), getattr(report, "harness_html", None),
+             getattr(report, "harness_figures", None))
+    if report.when not in ("setup", "call", "teardown") and report.failed:  # xdist's report of a crashed worker
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        worker_id = getattr(worker, "id", None)
+        ledger = config.stash.get(ledger_key, None)
+        state = ledger.workers.get(worker_id) if ledger else None
+        config.stash[results_key].add_test(TestResult(
+            nodeid=report.nodeid, outcome="error", duration_s=0.0,
+            message=str(report.longrepr).strip().splitlines()[0] if report.longrepr else "worker crashed",
+            record={fleet_merge.RECORD_WORKER: worker_id, fleet_merge.RECORD_GPU: state.gpu if state else None}))
+
+
+def _take_in(config, rows, fragments, figures) -> None:
+    results = config.stash[results_key]
+    for table, row in rows or ():
+        results.add_row(table, row)
+    for figure in figures or ():
+        results.add_figure(figure["kind"], figure["title"], figure["data"])
+    for title, fragment in fragments or ():
+        config.stash[html_fragments_key].append((title, fragment))
+
+
+@pytest.hookimpl(specname="pytest_sessionfinish")
+def pytest_sessionfinish_xdist(session, exitstatus):
+    """Worker: rows and blocks added after its last test go with its final output."""
+    config = session.config
+    if _xdist_worker(config) and results_key in config.stash:
+        outbox = config.stash.setdefault(outbox_key, fleet_merge.Outbox())
+        results = config.stash[results_key]
+        rows, fragments, figures = outbox.drain(results.tables, config.stash[html_fragments_key], results.figures)
+        config.workeroutput.update(harness_rows=rows, harness_html=fragments, harness_figures=figures)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """Controller: a worker finished or crashed; its leftovers and the Workers table go in."""
+    config = node.config
+    if results_key not in config.stash or ledger_key not in config.stash:
+        return
+    output = getattr(node, "workeroutput", None) or {}
+    _take_in(config, output.get("harness_rows"), output.get("harness_html"), output.get("harness_figures"))
+    ledger = config.stash[ledger_key]
+    ledger.down(node.gateway.id, error)
+    results = config.stash[results_key]
+    results.tables[fleet_merge.WORKERS_TABLE] = ledger.rows(results.tests)
+    results.write()
+
+
+@pytest.hookimpl(specname="pytest_terminal_summary")
+def pytest_terminal_summary_xdist(terminalreporter, config):
+    if _xdist_worker(config) or ledger_key not in config.stash:
+        return
+    ledger = config.stash[ledger_key]
+    terminalreporter.write_line(f"harness: xdist workers: {ledger.summary_line()}")
+    tests = config.stash[results_key].tests if results_key in config.stash else []
+    if config.getoption("dist", None) == "load" and len({s.gpu for s in ledger.workers.values()}) > 1 \
+            and any(t.nodeid.startswith("suites/hw/") for t in tests):
+        terminalreporter.write_line("harness: --dist load spread suites/hw over the workers: each check ran on one "
+                                    "worker's GPU; --dist each runs every check on every GPU")

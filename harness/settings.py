@@ -2,7 +2,8 @@
 
 The pytest plugin hands its raw option values to :func:`resolve`; the library and the suites
 only ever see the resulting :class:`Settings`. Environment variables give defaults so that CI
-and users can set them once (HARNESS_VLLM_PYTHON, HARNESS_CACHE_DIR, HARNESS_REPORT_DIR).
+and users can set them once (HARNESS_VLLM_PYTHON, HARNESS_LLMCOMPRESSOR_PYTHON, HARNESS_CACHE_DIR,
+HARNESS_REPORT_DIR).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ HW_LEVELS = ("quick", "full")
 # used by the upgrade rehearsal), relative to the project root.
 DEFAULT_VLLM_VENV = Path(".venvs") / "vllm-0.32.0"
 DEFAULT_BASELINE_VLLM_VENV = Path(".venvs") / "vllm-0.31.0"
+# The quantizer's venv (llm-compressor pins its own transformers and compressed-tensors).
+DEFAULT_LLMCOMPRESSOR_VENV = Path(".venvs") / "llmcompressor"
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,8 @@ class Settings:
     served_model: str | None = None  # with --endpoint: --model as the name the server serves
     baseline: Path | None = None
     hw_level: str = "quick"
+    llmcompressor_python: Path | None = None
+    llmcompressor_python_explicit: bool = False  # given by the user: absence is a failure, not a skip
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
 
 
@@ -105,6 +110,22 @@ def _resolve_endpoint(value: str | None) -> str | None:
     return parse_endpoint(value) if value else None
 
 
+def check_device(device: str, torch_devices: list[tuple[int, str]], nvml_indices: list[int]) -> None:
+    """An explicit cuda:N must exist on this machine: raise UsageError naming the devices there are.
+
+    `torch_devices`: (index, name) of the GPUs torch sees; `nvml_indices`: the GPUs the driver
+    sees. A GPU the driver has but torch cannot use still exists: the GPU checks diagnose it."""
+    if not device.startswith("cuda:"):
+        return
+    index = int(device.split(":", 1)[1])
+    known = {i for i, _ in torch_devices} | set(nvml_indices)
+    if index in known:
+        return
+    names = ["cpu"] + [f"cuda:{i} ({name})" for i, name in sorted(torch_devices)]
+    names += [f"cuda:{i} (driver only)" for i in sorted(set(nvml_indices) - {i for i, _ in torch_devices})]
+    raise UsageError(f"--device: {device} does not exist here (devices: {', '.join(names)})")
+
+
 def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
     """Validate raw option values (None = not given) into Settings; raises UsageError.
 
@@ -126,6 +147,10 @@ def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
                                          root / DEFAULT_VLLM_VENV, "--vllm-python")
     baseline_vllm_python, _ = _interpreter(options.get("baseline_vllm_python"), "HARNESS_BASELINE_VLLM_PYTHON",
                                            root / DEFAULT_BASELINE_VLLM_VENV, "--baseline-vllm-python")
+
+    llmcompressor_python, llmcompressor_explicit = _interpreter(
+        options.get("llmcompressor_python"), "HARNESS_LLMCOMPRESSOR_PYTHON",
+        root / DEFAULT_LLMCOMPRESSOR_VENV, "--llmcompressor-python")
 
     baseline = options.get("baseline")
     if baseline:
@@ -160,4 +185,6 @@ def resolve(options: Mapping[str, Any], root: Path | None = None) -> Settings:
         served_model=served_model,
         baseline=baseline,
         hw_level=hw_level,
+        llmcompressor_python=llmcompressor_python,
+        llmcompressor_python_explicit=llmcompressor_explicit,
     )

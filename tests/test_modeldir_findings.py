@@ -132,9 +132,20 @@ def _pickle_payload(d):
 
 
 def _unknown_global(d):
-    import collections
+    # an enum fickling's ML allow-list knows, outside torch's allow-list (Counter is on it since torch 2.5)
+    (d / "training_args.bin").write_bytes(b"\x80\x02ctransformers.trainer_utils\nIntervalStrategy\nX\x05\x00\x00\x00stepsq\x00\x85R.")
 
-    (d / "training_args.bin").write_bytes(pickle.dumps(collections.Counter(a=1)))
+
+def _refused_global(d):
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x02cmy_package.layers\nCustomLayer\n)R.")
+
+
+def _damaged_archive(d):
+    (d / "pytorch_model.bin").write_bytes(b"PK\x03\x04" + bytes(100))
+
+
+def _seven_zip(d):
+    (d / "weights.7z").write_bytes(b"7z\xbc\xaf\x27\x1c" + bytes(40))
 
 
 def _bad_pickle(d):
@@ -220,6 +231,9 @@ CASES = [
     ("safety.pickle_file", "good", lambda d: torch.save({"w": torch.ones(2)}, d / "pytorch_model.bin")),
     ("safety.pickle_dangerous", "good", _pickle_payload),
     ("safety.pickle_unknown_global", "good", _unknown_global),
+    ("safety.pickle_refused", "good", _refused_global),
+    ("safety.archive_invalid", "good", _damaged_archive),
+    ("safety.archive_unscanned", "good", _seven_zip),
     ("safety.pickle_unreadable", "good", _bad_pickle),
     ("safety.remote_code", "good", _remote),
     ("safety.python_file", "good", lambda d: (d / "convert.py").write_text("print('hi')\n")),
@@ -231,6 +245,10 @@ CASES = [
 COVERED_ELSEWHERE = {"safetensors.header_too_large", "safetensors.header_invalid", "safetensors.unknown_dtype",
                      "safetensors.bad_offsets", "safetensors.trailing_bytes", "safety.path_escape",
                      "safety.special_file", "file.unreadable"}
+# quantized-layer codes: tests/test_modeldir_quant_layout.py (GPTQ/AWQ) and suites/quant (real exports)
+COVERED_ELSEWHERE |= {"quant.packed_tensor", "quant.scales", "quant.zero_points", "quant.g_idx", "quant.group_size",
+                      "quant.bits", "quant.unsupported_scheme", "quant.layer_not_quantized",
+                      "quant.ignored_but_quantized", "quant.kernel_dims"}
 
 
 @pytest.mark.parametrize("code,which,edit", CASES, ids=[c[0] for c in CASES])

@@ -82,7 +82,8 @@ def test_bad_dirs_one_line_exit_2(tmp_path):
             check_dir(target)
         result = _cli(str(target), "--json")
         assert result.returncode == 2, result
-        assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1 and words in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr
+        assert json.loads(result.stdout)["ok"] is False  # --json always prints JSON (issue 12)
         assert "Traceback" not in result.stderr
 
 

@@ -253,6 +253,6 @@ def test_report_is_self_contained(tmp_path):
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
     assert page.count("<svg") >= 3 and "REGRESSED" in page
-    assert "src=\"http" not in page and "href=\"http" not in page and "<script" not in page
+    assert "src=\"http" not in page and "href=\"http" not in page and "<script src" not in page
     bad = _cli("report", str(tmp_path / "nope.json"), "--out", str(out))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr

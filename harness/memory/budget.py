@@ -5,8 +5,9 @@ torch.cuda.set_per_process_memory_fraction. A real N-GiB card loses the CUDA con
 driver's reservations) before torch gets anything, so the cap is (budget - context) / total.
 Past the cap an allocation raises torch.OutOfMemoryError, as it would on the small card.
 
-Planner: per precision, the longest context and the largest batch whose predicted peak, plus a
-headroom for allocator fragmentation, fits in the budget after the CUDA context.
+Planner: per precision, the longest context and the largest batch whose predicted peak, plus the
+allocator's reserve (estimate.RESERVE_FRACTION), fits in the budget after the CUDA context, never
+past the model's own context limit (max_position_embeddings, rope scaling honoured).
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import UsageError
-from .estimate import PRECISIONS, ModelShape, Query, estimate, weight_bytes
+from .estimate import (DEFAULT_LORA_TARGETS, PRECISIONS, RESERVE_FRACTION, ModelShape, Query, estimate,
+                       weight_bytes)
 from ..units import format_bytes
 
 # CUDA context + driver reservations of one process on a small consumer card with lazy module
 # loading (facts.md: ~290-430 MB). Measured on the GPU the budget runs on when it can be.
 DEFAULT_CONTEXT_BYTES = 400 * 1024**2
-# Headroom on the predicted allocator peak: the caching allocator rounds blocks and splits
-# segments, so at the cap it needs a little more than the allocated peak. On the H200 matrix under
-# an emulated 6 GiB, 3% gave no "fits" verdict for a case that OOMed, and 5% only added false alarms.
+# Headroom on the predicted allocator peak for inference: the caching allocator rounds blocks and
+# splits segments, so at the cap it needs a little more than the allocated peak. On the H200 matrix
+# under an emulated 6 GiB, 3% gave no "fits" verdict for a case that OOMed, and 5% only added false
+# alarms. Training keeps more (estimate.RESERVE_FRACTION["train"]): see default_headroom().
 DEFAULT_HEADROOM = 0.03
 
 
@@ -91,6 +94,63 @@ def fits(peak_bytes: int, budget_bytes: int, context_bytes: int = DEFAULT_CONTEX
     return peak_bytes * (1 + headroom) <= budget_bytes - context_bytes
 
 
+def default_headroom(mode: str) -> float:
+    """The allocator reserve a card needs beyond the peak in this mode (estimate.RESERVE_FRACTION)."""
+    return RESERVE_FRACTION.get(mode, DEFAULT_HEADROOM)
+
+
+def usable_for_peak(budget_bytes: int, context_bytes: int, headroom: float) -> int:
+    """The largest allocator peak that fits: what is left after the context and the reserve."""
+    return int((budget_bytes - context_bytes) / (1 + headroom))
+
+
+def _size(n: float, other: float | None = None) -> str:
+    """format_bytes, with as many GiB decimals as it takes to tell `n` from `other` apart."""
+    if other is None or abs(n) < 2**30:
+        return format_bytes(n).replace(".00 ", " ")
+    for decimals in (2, 3, 4):
+        a, b = round(n / 2**30, decimals), round(other / 2**30, decimals)
+        if a != b or decimals == 4:
+            return f"{a:.{decimals}f} GiB"
+    return format_bytes(n)
+
+
+def usable_text(budget_bytes: int, context_bytes: int, headroom: float, need: int | None = None) -> str:
+    usable = usable_for_peak(budget_bytes, context_bytes, headroom)
+    return (f"{_size(usable, need)} is usable after the {_size(context_bytes)} CUDA context and "
+            f"{headroom:.1%} headroom".replace(".0%", "%"))
+
+
+def need_text(what: str, need: int, budget_bytes: int, context_bytes: int, headroom: float) -> str:
+    """'2048 tokens need 5.52 GiB; 5.44 GiB is usable after the 400 MiB CUDA context and 3% headroom'."""
+    usable = usable_for_peak(budget_bytes, context_bytes, headroom)
+    return f"{what} need {_size(need, usable)}; {usable_text(budget_bytes, context_bytes, headroom, need)}"
+
+
+@dataclass(frozen=True)
+class ContextLimit:
+    tokens: int | None  # None: the config states no limit
+    source: str  # how it was derived, for the why-text
+
+
+def context_limit(config: dict) -> ContextLimit:
+    """The longest sequence the model takes: max_position_embeddings, scaled by its rope scaling
+    where that extends it (linear, dynamic, yarn), as vLLM derives max_model_len. llama3 and
+    longrope configs already state the extended length."""
+    base = config.get("max_position_embeddings")
+    if not isinstance(base, int) or isinstance(base, bool) or base < 1:
+        return ContextLimit(None, "no max_position_embeddings in the config")
+    rope = config.get("rope_scaling") or config.get("rope_parameters")
+    if isinstance(rope, dict):
+        kind = str(rope.get("rope_type") or rope.get("type") or "default")
+        factor = rope.get("factor")
+        if kind not in ("default", "llama3", "longrope", "su") and isinstance(factor, (int, float)) and factor > 1:
+            original = rope.get("original_max_position_embeddings") if kind == "yarn" else None
+            start = original if isinstance(original, int) and original > 0 else base
+            return ContextLimit(int(start * factor), f"max_position_embeddings with {kind} rope scaling x{factor:g}")
+    return ContextLimit(base, "max_position_embeddings")
+
+
 @dataclass
 class PrecisionPlan:
     precision: str
@@ -103,6 +163,9 @@ class PrecisionPlan:
     peak_at_max_bytes: int | None
     reason: str
     limits: dict[str, Any] = field(default_factory=dict)
+    limited_by: str | None = None  # "model" (its context limit), "memory", or None (does not fit)
+    context_limit: int | None = None  # the model's own limit, when the config states one
+    headroom: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -123,22 +186,33 @@ def _largest(ok, lo: int, hi: int) -> int | None:
     return lo
 
 
+UNSTATED_LIMIT = 131072  # searched up to when a config states no context limit
+
+
 def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=PRECISIONS,
-         context_bytes: int = DEFAULT_CONTEXT_BYTES, headroom: float = DEFAULT_HEADROOM,
+         context_bytes: int = DEFAULT_CONTEXT_BYTES, headroom: float | None = None,
          max_seq_len: int | None = None, reference_seq_len: int = 2048, new_tokens: int = 128,
-         max_batch: int = 256, lora_r: int = 16, grad_checkpointing: bool = True) -> list[PrecisionPlan]:
+         max_batch: int = 256, lora_r: int = 16, grad_checkpointing: bool = True,
+         lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS, optimizer: str = "adamw_torch",
+         limit_source: str = "max_position_embeddings") -> list[PrecisionPlan]:
+    """Per precision, the longest context (batch 1) and the largest batch (at reference_seq_len)
+    whose predicted peak fits. `max_seq_len` is the model's own limit (context_limit()); the plan
+    never goes past it and says when it, not memory, is what stops the context."""
+    mode = "train" if train else "generate"
+    headroom = default_headroom(mode) if headroom is None else headroom
     usable = budget_bytes - context_bytes
     if usable <= 0:
         raise UsageError(f"budget {format_bytes(budget_bytes)} leaves nothing after the CUDA context "
                          f"({format_bytes(context_bytes)})")
-    limit = max_seq_len or 131072
-    mode = "train" if train else "generate"
+    limit = max_seq_len or UNSTATED_LIMIT
+    need = lambda what, n: need_text(what, n, budget_bytes, context_bytes, headroom)  # noqa: E731
+    ref = min(reference_seq_len, limit)
     plans = []
     for p in precisions:
         def peak(seq: int, batch: int) -> int:
             if train:
-                q = Query(p, "train", seq_len=seq, batch=batch, lora_r=lora_r,
-                          grad_checkpointing=grad_checkpointing)
+                q = Query(p, "train", seq_len=seq, batch=batch, lora_r=lora_r, lora_targets=tuple(lora_targets),
+                          grad_checkpointing=grad_checkpointing, optimizer=optimizer)
             else:  # context = prompt + generated tokens
                 prompt = max(1, seq - new_tokens)
                 q = Query(p, "generate", seq_len=prompt, batch=batch, new_tokens=seq - prompt)
@@ -146,29 +220,31 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
 
         w = weight_bytes(shape, p)
         ok_seq = lambda s: fits(peak(s, 1), budget_bytes, context_bytes, headroom)  # noqa: E731
-        ok_batch = lambda b: fits(peak(reference_seq_len, b), budget_bytes, context_bytes, headroom)  # noqa: E731
-        lo_seq = new_tokens + 1 if not train else 16
+        ok_batch = lambda b: fits(peak(ref, b), budget_bytes, context_bytes, headroom)  # noqa: E731
+        lo_seq = min(new_tokens + 1 if not train else 16, limit)
         best_seq = _largest(ok_seq, lo_seq, limit)
         best_batch = _largest(ok_batch, 1, max_batch)
-        need = int(w * (1 + headroom))
+        common = dict(context_limit=max_seq_len, headroom=headroom)
         if best_seq is None:
-            if need > usable:
-                reason = (f"weights alone need {format_bytes(w)} (+{headroom:.0%} headroom) and "
-                          f"{format_bytes(usable)} is usable after the CUDA context")
+            if not fits(w, budget_bytes, context_bytes, headroom):
+                reason = need("weights alone", w)
             else:
-                reason = (f"weights fit ({format_bytes(w)}) but even {lo_seq} tokens at batch 1 "
-                          f"peak at {format_bytes(peak(lo_seq, 1))} (> {format_bytes(usable)} usable "
-                          f"with {headroom:.0%} headroom)")
-            plans.append(PrecisionPlan(p, mode, False, w, None, None, reference_seq_len, None, reason))
+                reason = f"the weights fit ({_size(w)}) but " + need(f"{lo_seq} tokens at batch 1", peak(lo_seq, 1))
+            plans.append(PrecisionPlan(p, mode, False, w, None, None, ref, None, reason, **common))
             continue
         at_max = peak(best_seq, 1)
         if best_seq >= limit:
-            reason = f"fits up to the {limit}-token limit checked"
+            limited_by = "model"
+            if max_seq_len:
+                reason = f"the model's limit, not memory, stops it ({limit_source}): " + need(f"{limit} tokens", at_max)
+            else:
+                reason = (f"fits up to the {limit}-token limit checked (the config states no "
+                          f"max_position_embeddings): " + need(f"{limit} tokens", at_max))
         else:
-            reason = (f"{best_seq + 1} tokens would peak at {format_bytes(peak(best_seq + 1, 1))}, "
-                      f"over {format_bytes(usable)} usable with {headroom:.0%} headroom")
+            limited_by = "memory"
+            reason = need(f"{best_seq + 1} tokens", peak(best_seq + 1, 1))
         if best_batch is None:
-            reason += f"; batch 1 at {reference_seq_len} tokens does not fit"
-        plans.append(PrecisionPlan(p, mode, True, w, best_seq, best_batch, reference_seq_len, at_max,
-                                   reason))
+            reason += f"; batch 1 at {ref} tokens does not fit"
+        plans.append(PrecisionPlan(p, mode, True, w, best_seq, best_batch, ref, at_max, reason,
+                                   limited_by=limited_by, **common))
     return plans

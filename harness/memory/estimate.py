@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import UsageError
+from ..models import CONFIG_DIR
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "nf4-dq", "fp4", "fp4-dq")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "nf4-dq", "fp4", "fp4-dq", "w4a16")
 MODES = ("weights", "prefill", "generate", "train")
 KNOWN_FAMILIES = ("llama", "qwen2", "mistral", "phi3")
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -44,12 +45,14 @@ MiB = 1024**2
 
 @dataclass(frozen=True)
 class LinearGroup:
-    """`count` quantizable nn.Linear weights of one shape; `kind` is the projection name."""
+    """`count` quantizable nn.Linear (or Conv1D) weights of one shape; `kind` is the module's own
+    name (q_proj, qkv_proj, c_attn), `parent` the name of the module holding it (self_attn, mlp)."""
 
     kind: str
     in_features: int
     out_features: int
     count: int
+    parent: str = ""
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,9 @@ class ModelShape:
     bias_params: int
     norm_tensors: int
     bias_tensors: int
-    source: str = "config"  # config | safetensors | meta
+    source: str = "config"  # config | safetensors | meta | gguf
+    # exact bytes by kind as a file stores them (a GGUF file: precision "gguf"); None otherwise
+    stored_weights: tuple[tuple[str, int], ...] | None = None
 
     @property
     def linear_params(self) -> int:
@@ -120,12 +125,14 @@ def shape_from_config(config: dict) -> ModelShape:
     vocab = _require_int(config, "vocab_size")
     tied = bool(config.get("tie_word_embeddings", False))
     q, kv = heads * head_dim, kv_heads * head_dim
-    if family == "phi3":
-        per_layer = [("qkv_proj", h, q + 2 * kv), ("o_proj", q, h), ("gate_up_proj", h, 2 * inter),
-                     ("down_proj", inter, h)]
+    if family == "phi3":  # fused projections: peft sees qkv_proj and gate_up_proj, not q/k/v/gate/up
+        per_layer = [("qkv_proj", h, q + 2 * kv, "self_attn"), ("o_proj", q, h, "self_attn"),
+                     ("gate_up_proj", h, 2 * inter, "mlp"), ("down_proj", inter, h, "mlp")]
     else:
-        per_layer = [("q_proj", h, q), ("k_proj", h, kv), ("v_proj", h, kv), ("o_proj", q, h),
-                     ("gate_proj", h, inter), ("up_proj", h, inter), ("down_proj", inter, h)]
+        per_layer = [("q_proj", h, q, "self_attn"), ("k_proj", h, kv, "self_attn"),
+                     ("v_proj", h, kv, "self_attn"), ("o_proj", q, h, "self_attn"),
+                     ("gate_proj", h, inter, "mlp"), ("up_proj", h, inter, "mlp"),
+                     ("down_proj", inter, h, "mlp")]
     bias_params = bias_tensors = 0
     if family == "qwen2":  # q, k and v carry biases in every Qwen2 layer
         bias_params, bias_tensors = n_layers * (q + 2 * kv), n_layers * 3
@@ -136,7 +143,7 @@ def shape_from_config(config: dict) -> ModelShape:
         if config.get("mlp_bias"):
             bias_params += n_layers * (2 * inter + h)
             bias_tensors += n_layers * 3
-    linears = tuple(LinearGroup(kind, i, o, n_layers) for kind, i, o in per_layer)
+    linears = tuple(LinearGroup(kind, i, o, n_layers, parent) for kind, i, o, parent in per_layer)
     return ModelShape(
         family=family, hidden=h, intermediate=inter, layers=n_layers, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, tied=tied, linears=linears,
@@ -160,11 +167,13 @@ class _ParamTally:
     """Parameters counted by role, from safetensors headers or a meta-device model alike."""
 
     def __init__(self) -> None:
-        self.linears: dict[tuple[str, int, int], int] = {}
+        self.linears: dict[tuple[str, int, int, str], int] = {}
         self.emb = self.lm_head = self.norm = self.bias = self.norm_t = self.bias_t = 0
 
-    def linear(self, kind: str, in_features: int, out_features: int) -> None:
-        key = (kind, in_features, out_features)
+    def linear(self, name: str, in_features: int, out_features: int) -> None:
+        """`name`: the module's dotted name (model.layers.0.self_attn.q_proj)."""
+        parts = name.split(".")
+        key = (parts[-1], in_features, out_features, parts[-2] if len(parts) > 1 else "")
         self.linears[key] = self.linears.get(key, 0) + 1
 
     def other(self, numel: int, is_bias: bool) -> None:
@@ -178,7 +187,7 @@ class _ParamTally:
             family=base.family, hidden=base.hidden, intermediate=base.intermediate, layers=base.layers,
             heads=base.heads, kv_heads=base.kv_heads, head_dim=base.head_dim, vocab=base.vocab,
             tied=self.lm_head == 0,
-            linears=tuple(LinearGroup(k, i, o, c) for (k, i, o), c in sorted(self.linears.items())),
+            linears=tuple(LinearGroup(k, i, o, c, par) for (k, i, o, par), c in sorted(self.linears.items())),
             embedding_params=self.emb, lm_head_params=self.lm_head, norm_params=self.norm,
             bias_params=self.bias, norm_tensors=self.norm_t, bias_tensors=self.bias_t, source=source,
         )
@@ -199,7 +208,7 @@ def shape_from_safetensors(config: dict, directory: Path) -> ModelShape | None:
             elif name.startswith("lm_head") or ".lm_head." in name:
                 tally.lm_head += info.numel
             elif len(dims) == 2 and name.endswith(".weight"):
-                tally.linear(name.rsplit(".", 2)[-2], dims[1], dims[0])
+                tally.linear(name.rsplit(".", 1)[0], dims[1], dims[0])
             else:
                 tally.other(info.numel, is_bias=name.endswith(".bias"))
     return tally.shape(base, "safetensors")
@@ -227,6 +236,7 @@ def shape_from_meta(config: dict) -> ModelShape:
     try:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.pytorch_utils import Conv1D
     except ImportError as exc:  # pragma: no cover - torch is a hard dependency
         raise UsageError(f"unknown architecture needs torch and transformers: {exc}") from None
     data = dict(config)
@@ -254,7 +264,9 @@ def shape_from_meta(config: dict) -> ModelShape:
             elif module is out_emb:
                 tally.bias += numel
             elif isinstance(module, torch.nn.Linear) and pname == "weight":
-                tally.linear(name.rsplit(".", 1)[-1], module.in_features, module.out_features)
+                tally.linear(name, module.in_features, module.out_features)
+            elif isinstance(module, Conv1D) and pname == "weight":  # GPT-2 style: weight is (in, out)
+                tally.linear(name, param.shape[0], param.shape[1])
             else:
                 tally.other(numel, is_bias=pname == "bias")
     return tally.shape(base, "meta")
@@ -265,6 +277,10 @@ def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
     reference name (harness/configs/<name>.json)."""
     if isinstance(spec, dict):
         return dict(spec), None
+    if str(spec).lower().endswith(".gguf"):
+        from .gguf import read_gguf
+
+        return {k: v for k, v in read_gguf(spec).config.items() if v is not None}, None
     path = Path(spec).expanduser()
     directory = None
     if path.is_dir():
@@ -273,7 +289,7 @@ def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
         if not path.is_file():
             raise UsageError(f"{directory} has no config.json")
     elif not path.is_file():
-        ref = Path(__file__).resolve().parent / "configs" / f"{spec}.json"
+        ref = CONFIG_DIR / f"{spec}.json"
         if not ref.is_file():
             raise UsageError(f"--config: {str(spec)!r} is neither a file, a model directory nor a "
                              f"reference name")
@@ -290,10 +306,20 @@ def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
 
 
 def model_shape(spec: str | Path | dict) -> ModelShape:
+    if isinstance(spec, (str, Path)) and str(spec).lower().endswith(".gguf"):
+        from dataclasses import replace
+
+        from .gguf import read_gguf
+
+        info = read_gguf(spec)  # dimensions from the metadata, exact bytes by kind from the header
+        config, _ = load_config(spec)
+        base = shape_from_config(config) if _family(config) in KNOWN_FAMILIES else _generic_dims(config)
+        return replace(base, source="gguf", stored_weights=tuple(sorted(info.bytes_by_kind.items())))
     config, directory = load_config(spec)
     if "hidden_size" not in config:
         raise UsageError("config has no hidden_size")
-    if directory is not None:
+    if directory is not None and not (config.get("quantization_config") and _family(config) in KNOWN_FAMILIES):
+        # (a quantized directory stores packed tensors: the config gives the real layer shapes)
         shape = shape_from_safetensors(config, directory)
         if shape is not None:
             return shape
@@ -318,6 +344,8 @@ def dtype_bytes(precision: str) -> int:
 def quantized_linear_bytes(in_features: int, out_features: int, precision: str) -> int:
     """Device bytes of one nn.Linear weight at `precision`, quant state included."""
     n = in_features * out_features
+    if precision == "w4a16":
+        return w4a16_linear_bytes(in_features, out_features)
     if precision in ("fp32", "fp16", "bf16"):
         return _blocks(n * dtype_bytes(precision))
     if precision == "int8":  # Int8Params: CB int8 (the data itself) + SCB float32 per output row
@@ -335,6 +363,8 @@ def quantized_linear_bytes(in_features: int, out_features: int, precision: str) 
 def weight_breakdown(shape: ModelShape, precision: str, train_prepared: bool = False) -> dict[str, int]:
     """Bytes by module kind. `train_prepared`: after prepare_model_for_kbit_training (every
     non-4-bit floating parameter cast to float32)."""
+    if precision == "gguf":
+        return gguf_weight_breakdown(shape)
     other = 4 if (train_prepared and precision not in ("fp16", "bf16")) else dtype_bytes(precision)
     linear_precision = precision
     if train_prepared and precision == "int8":
@@ -362,11 +392,127 @@ def kv_cache_bytes(shape: ModelShape, precision: str, batch: int, tokens: int) -
     return shape.layers * per_layer
 
 
-def lora_params(shape: ModelShape, r: int, targets: Iterable[str]) -> int:
-    wanted = set(targets)
-    return sum(g.count * r * (g.in_features + g.out_features) for g in shape.linears
-               if g.kind in wanted or ("qkv_proj" == g.kind and wanted & {"q_proj", "k_proj", "v_proj"})
-               or ("gate_up_proj" == g.kind and wanted & {"gate_proj", "up_proj"}))
+ALL_LINEAR = "all-linear"
+
+
+@dataclass(frozen=True)
+class LoraTargets:
+    """What peft would wrap for a target list on this architecture.
+
+    peft matches each module's dotted name against every target: equal, or ending in "." + target
+    ("all-linear" = every Linear/Conv1D but the output layer). A target that matches nothing is
+    not an error to peft as long as another target matches: the model just gets fewer adapters
+    than the user thinks (q_proj on phi-3, whose attention is one fused qkv_proj)."""
+
+    requested: tuple[str, ...]
+    groups: tuple[LinearGroup, ...]  # the wrapped projections
+    unmatched: tuple[str, ...]  # requested targets that match no module
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(g.kind for g in self.groups))
+
+    @property
+    def modules(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    def note(self, shape: "ModelShape") -> str | None:
+        """A one-line warning when some targets match nothing, None when all do."""
+        if not self.unmatched:
+            return None
+        have = ", ".join(dict.fromkeys(g.kind for g in shape.linears))
+        wrapped = ", ".join(self.kinds) or "nothing"
+        return (f"LoRA target(s) {', '.join(self.unmatched)} match no module of this {shape.family} model "
+                f"(its projections: {have}); peft would wrap only {wrapped}")
+
+
+def _target_matches(group: LinearGroup, target: str) -> bool:
+    if target == group.kind:
+        return True
+    if "." not in target:
+        return False
+    # a dotted target ("self_attn.q_proj", "mlp.down_proj") matches a suffix of the full name
+    key = f"model.layers.0.{group.parent}.{group.kind}" if group.parent else f"model.layers.0.{group.kind}"
+    return key == target or key.endswith("." + target)
+
+
+def resolve_lora_targets(shape: ModelShape, targets: Iterable[str] | str) -> LoraTargets:
+    """peft's matching of `target_modules` (a list, or "all-linear") against this architecture."""
+    requested = (targets,) if isinstance(targets, str) else tuple(targets)
+    if any(t.lower() == ALL_LINEAR for t in requested):
+        return LoraTargets(requested, tuple(shape.linears), ())
+    groups = tuple(g for g in shape.linears if any(_target_matches(g, t) for t in requested))
+    unmatched = tuple(t for t in requested if not any(_target_matches(g, t) for g in shape.linears))
+    return LoraTargets(requested, groups, unmatched)
+
+
+def check_lora_targets(shape: ModelShape, targets: Iterable[str] | str, flag: str = "--lora-targets") -> str | None:
+    """A usage error when no target matches (peft refuses to train nothing); a one-line note when
+    only some do (peft wraps fewer modules than asked, silently); None when all match."""
+    resolved = resolve_lora_targets(shape, targets)
+    if not resolved.groups:
+        kinds = ", ".join(dict.fromkeys(g.kind for g in shape.linears))
+        raise UsageError(f"{flag}: {', '.join(resolved.requested)} not in this model (linear layers: {kinds}); "
+                         f"peft would find no module to wrap")
+    return resolved.note(shape)
+
+
+def lora_params(shape: ModelShape, r: int, targets: Iterable[str] | str) -> int:
+    return sum(g.count * r * (g.in_features + g.out_features)
+               for g in resolve_lora_targets(shape, targets).groups)
+
+
+# Optimizers: the names HF Trainer's `optim` uses, and short aliases.
+OPTIMIZERS = ("adamw_torch", "adamw_8bit", "paged_adamw_32bit", "paged_adamw_8bit")
+OPTIMIZER_ALIASES = {"adamw": "adamw_torch", "adamw_bnb_8bit": "adamw_8bit", "adamw8bit": "adamw_8bit",
+                     "paged_adamw": "paged_adamw_32bit", "paged_adamw_32": "paged_adamw_32bit"}
+# bitsandbytes (optim/optimizer.py): tensors under min_8bit_size elements keep 32-bit states;
+# paged optimizers page only tensors of at least 1e5 elements (cudaMallocManaged, outside torch's
+# allocator), smaller ones are ordinary allocations; 8-bit states keep a float32 absmax per 256.
+BNB_MIN_8BIT_SIZE = 4096
+BNB_PAGED_MIN = 100_000
+BNB_BLOCK = 256
+
+
+def optimizer_name(name: str) -> str:
+    key = str(name).strip().lower()
+    key = OPTIMIZER_ALIASES.get(key, key)
+    if key not in OPTIMIZERS:
+        raise UsageError(f"unknown optimizer {name!r} (choose from {', '.join(OPTIMIZERS)}; aliases "
+                         f"{', '.join(sorted(OPTIMIZER_ALIASES))})")
+    return key
+
+
+def _state_bytes(numel: int, optimizer: str) -> tuple[int, int]:
+    """(allocator bytes, paged bytes) of the optimizer states of one fp32 trainable tensor."""
+    eight = optimizer in ("adamw_8bit", "paged_adamw_8bit") and numel >= BNB_MIN_8BIT_SIZE
+    paged = optimizer.startswith("paged") and numel >= BNB_PAGED_MIN
+    states = 2 * (numel if eight else 4 * numel)
+    extra = 2 * _blocks(4 * math.ceil(numel / BNB_BLOCK)) if eight else 0  # absmax1, absmax2
+    if paged:
+        return extra, states
+    return 2 * _blocks(states // 2) + extra, 0
+
+
+def adapter_bytes(shape: ModelShape, r: int, targets: LoraTargets, optimizer: str = "adamw_torch") -> dict[str, int]:
+    """LoRA weights, their gradients and the optimizer states (fp32 LoRA: peft upcasts adapters),
+    each tensor its own allocation. `paged_states` live outside torch's allocator."""
+    optimizer = optimizer_name(optimizer)
+    weights = grads = states = paged = 0
+    tensors: list[int] = []
+    for g in targets.groups:
+        tensors += [r * g.in_features] * g.count + [r * g.out_features] * g.count  # lora_A, lora_B
+    for n in tensors:
+        weights += _blocks(4 * n)
+        alloc, paged_n = _state_bytes(n, optimizer)
+        states += alloc
+        paged += paged_n
+    grads = weights
+    # torch's multi-tensor AdamW (the default on CUDA) builds sqrt(exp_avg_sq) for every tensor at
+    # once during step(): one more fp32 copy of the adapter, after backward freed the activations
+    step_temp = weights if optimizer == "adamw_torch" else 0
+    return {"lora_weights": weights, "lora_grads": grads, "optimizer_states": states,
+            "paged_optimizer_states": paged, "optimizer_step_transient": step_temp}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,7 +520,7 @@ def lora_params(shape: ModelShape, r: int, targets: Iterable[str]) -> int:
 # Each entry maps a feature name to its coefficient; features are defined in _features().
 # Group keys: "fp32", "half" (fp16/bf16), "int8", "4bit" (nf4, fp4, with or without -dq).
 
-CALIBRATION: dict[str, dict[str, float]] = {
+CALIBRATION: dict[str, dict[str, Any]] = {
     "weights/fp32": {},
     "weights/half": {"tied_emb_src": 0.0002692, "largest_linear_src": 0.0069},
     "weights/int8": {"tied_emb_src": 0.002656, "largest_linear_src": 1.715},
@@ -383,17 +529,25 @@ CALIBRATION: dict[str, dict[str, float]] = {
     "prefill/half": {"const": 34530000.0, "tok_h": 3.995, "tok_i": 3.001},
     "prefill/int8": {"const": 35860000.0, "tok_h": 4.712, "tok_i": 4.956},
     "prefill/4bit": {"const": 44650000.0, "tok_h": 4.65, "tok_i": 2.827},
-    "train/half/gc": {"const": 23060000.0, "L_tok_h": 0.2995, "tok_h": 12.08, "tok_v": 6.928},
-    "train/half/nogc": {"const": 1869000.0, "L_tok_h": 21.39, "L_tok_i": 5.233, "L_tok_qkv": 0.7051, "tok_v": 7.185},
-    "train/4bit/gc": {"L_tok_h": 1.708, "tok_v": 6.751, "scores": 2.1},
-    "train/4bit/nogc": {"const": 2216000.0, "L_tok_h": 12.78, "L_tok_i": 3.996, "L_tok_qkv": 0.4563, "L_scores": 1.023, "tok_v": 8.163},
+    # training: fitted to the fresh-process training matrix (suites/vram/measured/truth/, the five
+    # architectures of the inference fit; phi-3-mini-4k and qwen2.5-3b held out)
+    "train/half/gc": {"const": 67330000.0, "L_tok_h": 1.005, "grads": 0.05873,
+                      "max": [{"tok_v": 7.005, "tok_h": 1.784}, {}]},
+    "train/half/nogc": {"const": 81970000.0, "L_tok_h": 5.101, "L_tok_i": 3.096, "L_tok_qkv": 0.7396,
+                        "L_tok_lora_in": 2.506, "tok_v": 7.048, "grads": 0.1937},
+    "train/4bit/gc": {"const": 70170000.0, "L_tok_h": 1.014, "grads": 0.01096,
+                      "max": [{"tok_v": 8.01, "tok_h": 0.3974},
+                              {"scores": 4.252, "tok_i": 0.6778, "tok_qkv": 0.2841, "tok_lora_in": 1.695,
+                               "tok_h": 0.2515}]},
+    "train/4bit/nogc": {"const": 75340000.0, "L_tok_h": 3.811, "L_tok_i": 3.261, "L_tok_qkv": 0.3819,
+                        "L_tok_lora_in": 1.263, "L_scores": 1.011, "tok_v": 7.784},
 }
 
 
 def precision_group(precision: str) -> str:
     if precision == "fp32":
         return "fp32"
-    if precision in ("fp16", "bf16"):
+    if precision in ("fp16", "bf16", "w4a16", "gguf"):  # W4A16 and GGUF compute in 16-bit activations
         return "half"
     if precision == "int8":
         return "int8"
@@ -401,9 +555,12 @@ def precision_group(precision: str) -> str:
 
 
 def _features(shape: ModelShape, precision: str, batch: int, seq: int, act_bytes: int,
-              lora_r: int = 0, n_targets: int = 0) -> dict[str, float]:
+              lora_r: int = 0, n_targets: int = 0, lora_in: int = 0) -> dict[str, float]:
+    """`n_targets`: LoRA-wrapped modules per layer; `lora_in`: the sum of their in_features over
+    all layers (each wrapped module keeps its dropped-out input for the LoRA weight gradient)."""
     tok = batch * seq
     largest_tensor = max(shape.largest_linear, shape.embedding_params)
+    layers = max(shape.layers, 1)
     f = {
         "const": 1.0,
         "tok_h": tok * shape.hidden * act_bytes,
@@ -411,6 +568,7 @@ def _features(shape: ModelShape, precision: str, batch: int, seq: int, act_bytes
         "tok_qkv": tok * shape.qkv_width * act_bytes,
         "tok_v": tok * shape.vocab * 2,  # in bf16-element units (2 bytes)
         "tok_r": tok * lora_r * n_targets * 4,
+        "tok_lora_in": tok * lora_in / layers * act_bytes,  # one layer's LoRA inputs
         "largest_linear_act": shape.largest_linear * 2,  # a dequantized weight in the compute dtype
         "largest_linear_src": shape.largest_linear * 2,  # the bf16 checkpoint tensor
         "largest_tensor_src": largest_tensor * 2,
@@ -421,14 +579,22 @@ def _features(shape: ModelShape, precision: str, batch: int, seq: int, act_bytes
                    if act_bytes == 4 and shape.kv_heads < shape.heads else 0),
         "tied_emb_src": shape.embedding_params * 2 if shape.tied else 0,
     }
-    for key in ("tok_h", "tok_i", "tok_qkv", "tok_r", "scores"):
+    for key in ("tok_h", "tok_i", "tok_qkv", "tok_r", "tok_lora_in", "scores"):
         f["L_" + key] = f[key] * shape.layers
     return f
 
 
+def _linear(coeffs: dict[str, Any], feats: dict[str, float]) -> float:
+    return sum(c * feats.get(name, 0.0) for name, c in coeffs.items() if name != "max")
+
+
 def _transient(key: str, feats: dict[str, float], calibration: dict | None = None) -> int:
+    """Sum of coefficient x feature; a "max" entry holds phases of which only the largest counts
+    (with checkpointing, the loss/logits peak and the peak of a layer recomputed in backward
+    happen at different times)."""
     coeffs = (calibration if calibration is not None and key in calibration else CALIBRATION).get(key, {})
-    return int(sum(c * feats.get(name, 0.0) for name, c in coeffs.items()))
+    phases = [_linear(p, feats) for p in coeffs.get("max", [])]
+    return int(_linear(coeffs, feats) + max(phases, default=0.0))
 
 
 def calibration_key(q: "Query") -> str:
@@ -443,16 +609,35 @@ def calibration_key(q: "Query") -> str:
     return f"{q.mode}/{group}"
 
 
+def _train_act_bytes(precision: str) -> int:
+    # activations are fp32 after prepare_model_for_kbit_training (fp32 norms upcast the stream)
+    return 4 if precision_group(precision) in ("int8", "4bit", "fp32") else 2
+
+
 def features_for(shape: "ModelShape", q: "Query") -> dict[str, float]:
     """The features the calibration key of `q` multiplies (as estimate() computes them)."""
-    quantized = precision_group(q.precision) in ("int8", "4bit")
-    act = (4 if (quantized or q.precision == "fp32") else 2) if q.mode == "train" else dtype_bytes(q.precision)
-    return _features(shape, q.precision, q.batch, q.seq_len, act, q.lora_r if q.mode == "train" else 0,
-                     len(q.lora_targets) if q.mode == "train" else 0)
+    if q.mode != "train":
+        return _features(shape, q.precision, q.batch, q.seq_len, dtype_bytes(q.precision))
+    targets = resolve_lora_targets(shape, q.lora_targets)
+    per_layer = targets.modules / max(shape.layers, 1)
+    lora_in = sum(g.count * g.in_features for g in targets.groups)
+    return _features(shape, q.precision, q.batch, q.seq_len, _train_act_bytes(q.precision), q.lora_r,
+                     round(per_layer), lora_in)
 
 
 # ---------------------------------------------------------------------------------------------
 # The estimate
+
+
+# The allocator reserve a card must hold beyond the allocated peak (fragmentation, blocks rounded
+# and split), as a fraction of the peak, from the H200 matrices' reserved against allocated:
+# - inference 3%: the median max_memory_reserved / max_memory_allocated - 1 is 1.3% (weights),
+#   3.8% (prefill), 2.4% (generate) over the inference matrix, and under an emulated 6 GiB card
+#   a 3% reserve gave no fit verdict that ran out of memory there (402 rows);
+# - training 5.7%: the median over the fresh-process training matrix (suites/vram/measured/truth/,
+#   96 uncapped rows; the 90th percentile is 16.7%).
+# `plan` and `estimate --budget` use it as their headroom: peak + reserve + CUDA context <= card.
+RESERVE_FRACTION: dict[str, float] = {"weights": 0.03, "prefill": 0.03, "generate": 0.03, "train": 0.057}
 
 
 @dataclass
@@ -469,6 +654,10 @@ class Estimate:
     grad_checkpointing: bool | None = None
     params: int = 0
     source: str = "config"
+    optimizer: str | None = None
+    lora_modules: int | None = None  # modules peft would wrap
+    lora_unmatched_targets: list[str] | None = None  # requested targets that match nothing
+    reserve_bytes: int = 0  # allocator cache beyond the peak, uncapped (RESERVE_FRACTION)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -484,10 +673,11 @@ class Query:
     lora_r: int = 16
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
     grad_checkpointing: bool = True
+    optimizer: str = "adamw_torch"
 
 
 def validate(q: Query) -> None:
-    if q.precision not in PRECISIONS:
+    if q.precision not in PRECISIONS + FILE_PRECISIONS:
         raise UsageError(f"unknown precision {q.precision!r} (choose from {', '.join(PRECISIONS)})")
     if q.mode not in MODES:
         raise UsageError(f"unknown mode {q.mode!r} (choose from {', '.join(MODES)})")
@@ -497,6 +687,8 @@ def validate(q: Query) -> None:
             raise UsageError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
     if not isinstance(q.new_tokens, int) or q.new_tokens < 0:
         raise UsageError(f"new-tokens must be >= 0, got {q.new_tokens!r}")
+    if q.mode == "train":
+        optimizer_name(q.optimizer)
 
 
 def estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> Estimate:
@@ -505,17 +697,22 @@ def estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> Es
     p, group = q.precision, precision_group(q.precision)
     act = dtype_bytes(p)
     if q.mode == "train":
-        return _estimate_train(shape, q, calibration)
+        est = _estimate_train(shape, _trainable(q), calibration)
+        est.reserve_bytes = int(est.peak_bytes * RESERVE_FRACTION["train"])
+        return est
     wb = weight_breakdown(shape, p)
     weights = sum(wb.values())
     breakdown: dict[str, Any] = {"weights": weights, "weights_by_kind": wb}
+    if p in ENGINES:
+        breakdown.update(serving_notes(shape, p))
     feats = _features(shape, p, q.batch, q.seq_len, act)
+    reserve = RESERVE_FRACTION[q.mode]
     if q.mode == "weights":
         load = _transient(f"weights/{group}", feats, calibration)
         breakdown["loading_transient"] = load
         peak = weights + load
         return Estimate(p, q.mode, q.seq_len, q.batch, peak, breakdown, params=shape.total_params,
-                        source=shape.source)
+                        source=shape.source, reserve_bytes=int(peak * reserve))
     kv_prefill = kv_cache_bytes(shape, p, q.batch, q.seq_len)
     logits = _blocks(q.batch * shape.vocab * act) + _blocks(q.batch * shape.vocab * 4)
     transient = _transient(f"prefill/{group}", feats, calibration)
@@ -531,30 +728,52 @@ def estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> Es
         breakdown.update(kv_cache=kv_final, decode_peak=decode_peak, prefill_peak=prefill_peak)
         peak = max(prefill_peak, decode_peak)
     return Estimate(p, q.mode, q.seq_len, q.batch, int(peak), breakdown, new_tokens=q.new_tokens
-                    if q.mode == "generate" else None, params=shape.total_params, source=shape.source)
+                    if q.mode == "generate" else None, params=shape.total_params, source=shape.source,
+                    reserve_bytes=int(peak * reserve))
+
+
+def train_parts(shape: ModelShape, q: Query) -> dict[str, Any]:
+    """The exactly modelled part of a training peak (`static`: weights, LoRA weights, optimizer
+    states in the allocator) and the features the fitted transient multiplies."""
+    quantized = precision_group(q.precision) in ("int8", "4bit")
+    wb = weight_breakdown(shape, q.precision, train_prepared=quantized)
+    weights = sum(wb.values())
+    targets = resolve_lora_targets(shape, q.lora_targets)
+    ad = adapter_bytes(shape, q.lora_r, targets, q.optimizer)
+    feats = features_for(shape, q)
+    feats["grads"] = ad["lora_grads"]
+    return {"weights_by_kind": wb, "weights": weights, "targets": targets, "adapter": ad,
+            "static": weights + ad["lora_weights"] + ad["optimizer_states"], "features": feats,
+            "key": calibration_key(q)}
 
 
 def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None) -> Estimate:
-    p, group = q.precision, precision_group(q.precision)
-    quantized = group in ("int8", "4bit")
-    wb = weight_breakdown(shape, p, train_prepared=quantized)
-    weights = sum(wb.values())
-    n_lora = lora_params(shape, q.lora_r, q.lora_targets)
-    # fp32 LoRA weights + gradients + two AdamW states, each its own set of allocations
-    n_lora_tensors = 2 * sum(g.count for g in shape.linears if g.kind in set(q.lora_targets))
-    adapter = 4 * _blocks(4 * n_lora / max(n_lora_tensors, 1)) * n_lora_tensors if n_lora else 0
-    # activations: fp32 after prepare_model_for_kbit_training (fp32 norms upcast the stream)
-    feats = features_for(shape, q)
-    key = calibration_key(q)
+    """Peak of a LoRA/QLoRA step as users run it: weights (fp32 non-4-bit parameters after
+    prepare_model_for_kbit_training) + LoRA weights + optimizer states (from the second step on)
+    + the larger of the activation/loss transient (fitted) and the optimizer step's own transient."""
+    p = q.precision
+    parts = train_parts(shape, q)
+    wb, weights, targets, ad, static, feats, key = (parts[k] for k in (
+        "weights_by_kind", "weights", "targets", "adapter", "static", "features", "key"))
+    n_lora = sum(g.count * q.lora_r * (g.in_features + g.out_features) for g in targets.groups)
     transient = _transient(key, feats, calibration)
     table = calibration if calibration is not None and key in calibration else CALIBRATION
-    loss = int(feats["tok_v"] * table.get(key, {}).get("tok_v", 0.0))
-    breakdown = {"weights": weights, "weights_by_kind": wb, "adapter_grads_optimizer": adapter,
-                 "lora_params": n_lora, "activations": transient - loss, "loss_logits": loss}
-    peak = weights + adapter + transient
+    coeffs = table.get(key, {})
+    loss = int(feats["tok_v"] * max([coeffs.get("tok_v", 0.0)] + [p.get("tok_v", 0.0) for p in coeffs.get("max", [])]))
+    grads_live = int(feats["grads"] * coeffs.get("grads", 0.0))
+    step = ad["lora_grads"] + ad["optimizer_step_transient"]  # after backward: all grads + temp
+    breakdown = {"weights": weights, "weights_by_kind": wb,
+                 "adapter_grads_optimizer": ad["lora_weights"] + ad["lora_grads"] + ad["optimizer_states"],
+                 "lora_params": n_lora, "lora_weights": ad["lora_weights"], "lora_grads": ad["lora_grads"],
+                 "optimizer_states": ad["optimizer_states"],
+                 "paged_optimizer_states": ad["paged_optimizer_states"],
+                 "optimizer_step_transient": ad["optimizer_step_transient"],
+                 "activations": transient - loss - grads_live, "loss_logits": loss}
+    peak = static + max(transient, step)
     return Estimate(p, "train", q.seq_len, q.batch, int(peak), breakdown, lora_r=q.lora_r,
                     lora_targets=list(q.lora_targets), grad_checkpointing=q.grad_checkpointing,
-                    params=shape.total_params, source=shape.source)
+                    params=shape.total_params, source=shape.source, optimizer=optimizer_name(q.optimizer),
+                    lora_modules=targets.modules, lora_unmatched_targets=list(targets.unmatched))
 
 
 def estimate_many(spec: str | Path | dict | ModelShape, queries: Iterable[Query]) -> list[Estimate]:
@@ -567,3 +786,61 @@ def accelerate_style_bytes(shape: ModelShape, precision: str) -> int:
     for float32 / half / int8 / int4), independent of mode and length."""
     divisor = {"fp32": 1, "fp16": 2, "bf16": 2, "int8": 4}.get(precision, 8)
     return shape.total_params * 4 // divisor
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving precisions (issue 14): W4A16 checkpoints and GGUF files. What each engine holds:
+# vLLM keeps W4A16 packed (compressed-tensors, GPTQ and AWQ kernels); transformers 5.17 with
+# compressed-tensors 0.19 loads it packed and decompresses every layer to bf16 at the first
+# forward (measured on an H200, qwen2.5-1.5b: 1.144 GB held after load, 3.114 GB after one
+# forward); llama.cpp maps a GGUF file's tensors as they are stored.
+
+FILE_PRECISIONS = ("gguf",)  # the precision a file fixes: valid only with --config FILE.gguf
+W4A16_GROUP_SIZE = 128  # llm-compressor's W4A16 preset, GPTQ and AWQ defaults
+ENGINES = {
+    "w4a16": "vLLM (packed: compressed-tensors, GPTQ, AWQ; CPU build: CPUWNA16 on AVX-512 only); "
+             "transformers + compressed-tensors loads it packed and decompresses to bf16 at the first forward "
+             "(from then on the bf16 figure, transformers_decompressed_weights)",
+    "gguf": "llama.cpp (the file's tensors as stored); transformers dequantizes a GGUF to float on load",
+}
+
+
+def w4a16_linear_bytes(in_features: int, out_features: int, group_size: int = W4A16_GROUP_SIZE,
+                       zero_points: bool = False, g_idx: bool = False, scale_bytes: int = 2,
+                       rounded: bool = True) -> int:
+    """One W4A16 Linear as vLLM holds it (and, with rounded=False, as the checkpoint stores it):
+    int32-packed 4-bit values (in*out/2 bytes), a 16-bit scale per group and output channel, an
+    int32-packed 4-bit zero point per group and output channel when asymmetric, the int64 [2]
+    unpacked shape, and one int32 group index per input channel with activation order."""
+    groups = in_features // group_size if group_size > 0 else 1
+    parts = [out_features * math.ceil(in_features * 4 / 32) * 4, out_features * groups * scale_bytes, 16]
+    if zero_points:
+        parts.append(math.ceil(out_features * 4 / 32) * groups * 4)
+    if g_idx:
+        parts.append(in_features * 4)
+    return sum(_blocks(b) for b in parts) if rounded else sum(parts)
+
+
+def gguf_weight_breakdown(shape: ModelShape) -> dict[str, int]:
+    if shape.stored_weights is None:
+        raise UsageError("precision gguf is the precision of a GGUF file: give --config FILE.gguf")
+    return dict(shape.stored_weights)
+
+
+def serving_notes(shape: ModelShape, precision: str) -> dict[str, Any]:
+    """Breakdown entries for a serving precision: which engine holds what."""
+    notes: dict[str, Any] = {"engine": ENGINES[precision]}
+    if precision == "w4a16":
+        notes["transformers_decompressed_weights"] = weight_bytes(shape, "bf16")
+    return notes
+
+
+def _trainable(q: Query) -> Query:
+    """Training a W4A16 checkpoint through transformers trains its decompressed bf16 weights."""
+    from dataclasses import replace
+
+    if q.precision == "w4a16":
+        return replace(q, precision="bf16")
+    if q.precision in FILE_PRECISIONS:
+        raise UsageError(f"{q.precision} files are not trained: fine-tune the original model, then convert")
+    return q

@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
 # Reading a measured matrix back: prediction errors, the accelerate anchor, planner agreement
 
 
-MEASURED_DIR = Path(__file__).resolve().parent.parent / "suites" / "vram" / "measured"
+MEASURED_DIR = Path(__file__).resolve().parents[2] / "suites" / "vram" / "measured"
 
 
 def load_matrix(paths=None) -> tuple[list[dict], dict]:
@@ -454,11 +454,17 @@ def measured_bytes(row: dict) -> int | None:
 
 
 def row_query(row: dict):
-    from .estimate import Query
+    """The estimator's query for a row of this matrix or of the fresh-process training matrix
+    (which names its LoRA recipe, `targets`, and its optimizer)."""
+    from .estimate import DEFAULT_LORA_TARGETS, Query
 
+    targets = DEFAULT_LORA_TARGETS
+    if row.get("lora_targets"):
+        targets = tuple(row["lora_targets"])
     return Query(row["precision"], row["mode"], seq_len=max(1, row["seq_len"]), batch=row["batch"],
                  new_tokens=row.get("new_tokens") or 0, lora_r=row.get("lora_r") or 16,
-                 grad_checkpointing=bool(row.get("grad_checkpointing", True)))
+                 lora_targets=targets, grad_checkpointing=bool(row.get("grad_checkpointing", True)),
+                 optimizer=row.get("optimizer") or "adamw_torch")
 
 
 def accelerate_anchor(shape, row: dict) -> int:

@@ -7,7 +7,7 @@ import os
 from . import consistency, deep as deep_scan, quantization
 from .findings import WARNING, Collector, DirReport
 from .paths import DirView, NotAFile, PathEscape
-from .pickle_scan import PICKLE_SUFFIXES, scan_pickle_file
+from .pickle_scan import PickleScan, scan_pickle_file
 from .safetensors_header import HeaderProblem, SafetensorsHeader, read_header
 
 INDEX = "model.safetensors.index.json"
@@ -42,6 +42,8 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
         expected = _expected(config, out)
         if expected is not None and weights_whole:
             consistency.check_tensors(expected, stored, out, quantized)
+            if quantized:
+                quantization.check_quantized_layout(config, stored, expected, out)
         if expected is not None and tokenizer_json is not None:
             _check_tokenizer_fits(expected, stored, tokenizer_json, out)
         if deep:
@@ -70,36 +72,60 @@ def _check_entries(view: DirView, out: Collector, allow_remote_code: bool, allow
         if entry.kind == "unreadable_dir":
             out.add("file.unreadable", rel, "cannot list this folder (permissions?): fix its permissions")
             continue
+        if entry.kind == "too_deep":
+            out.add("file.unreadable", rel, "folders nested too deep to walk: its files were not checked; flatten it")
+            continue
         if not view.exists(rel):
             continue
         if rel.endswith(".py"):
             out.add("safety.python_file", rel,
                     "Python code in a model directory runs under trust_remote_code: remove it, or pass --allow-remote-code "
                     "if you reviewed it", severity=WARNING if allow_remote_code else None)
-        if rel.lower().endswith(PICKLE_SUFFIXES):
-            _check_pickle(view, rel, out, allow_pickle)
+        _check_pickle(view, rel, out, allow_pickle)
 
 
 def _check_pickle(view: DirView, rel: str, out: Collector, allow_pickle: bool) -> None:
+    """Every regular file is sniffed: pickles are found by content, whatever their name."""
     try:
         with view.open_binary(rel) as fh:
             scan = scan_pickle_file(fh, view.size(rel))
     except (OSError, NotAFile, PathEscape) as exc:
-        out.add("file.unreadable", rel, f"cannot read: {exc}")
+        out.add("file.unreadable", rel, f"cannot read: {_oserror(exc)}")
         return
-    if scan.error:
-        out.add("safety.pickle_unreadable", rel, f"opcodes could not be read ({scan.error}): do not load this file")
-    if scan.dangerous:
-        out.add("safety.pickle_dangerous", rel,
-                f"imports {', '.join(scan.dangerous[:5])}: loading it with torch.load(weights_only=False) or an old "
-                "transformers would run that code; delete the file and get safetensors weights")
-    if scan.unknown:
-        out.add("safety.pickle_unknown_global", rel,
-                f"imports {', '.join(scan.unknown[:5])}, outside the torch allow-list: torch.load(weights_only=True) refuses it")
-    out.add("safety.pickle_file", rel,
-            "pickle weights execute code when loaded without weights_only=True: convert to safetensors "
-            "(or pass --allow-pickle)", severity=WARNING if allow_pickle else None)
+    except Exception as exc:  # noqa: BLE001 - a scanner bug must not hide the file or crash the check
+        out.add("safety.pickle_unreadable", rel,
+                f"the pickle scan failed ({type(exc).__name__}: {exc}): do not load this file")
+        return
+    if scan.is_pickle:
+        _report_pickle(rel, scan, out, allow_pickle)
 
+
+def _report_pickle(rel: str, scan: PickleScan, out: Collector, allow_pickle: bool) -> None:
+    loader = "torch.load(weights_only=False), pickle.load or an old transformers"
+    for problem in scan.problems[:3]:
+        out.add("safety.archive_invalid", rel, f"{problem}: its pickles cannot be checked as a loader reads them; "
+                "do not load this file")
+    if scan.unscanned:
+        out.add("safety.archive_unscanned", rel, f"{scan.unscanned}: unpack it and check the contents")
+    named = scan.dangerous[:3] + scan.unresolved[:2]
+    if named:
+        out.add("safety.pickle_dangerous", rel,
+                f"would import {'; '.join(named)}: {loader} would run it; delete the file and get safetensors weights")
+    reasons = ([scan.torch_refuses] if scan.torch_refuses else []) + scan.refused[:3]
+    if scan.refused or (scan.torch_refuses and not named):
+        out.add("safety.pickle_refused", rel,
+                f"torch.load(weights_only=True) would refuse it ({'; '.join(reasons)}); {loader} would run it "
+                "unchecked: convert to safetensors or remove it")
+    for message in scan.unreadable[:3]:
+        out.add("safety.pickle_unreadable", rel, f"pickle cannot be read to its end ({message}): do not load this file")
+    if scan.known_safe and not (named or scan.refused):
+        out.add("safety.pickle_unknown_global", rel,
+                f"imports {'; '.join(scan.known_safe[:3])}: outside torch's allow-list, so "
+                "torch.load(weights_only=True) refuses it (no model loader reads it)")
+    where = ", ".join(scan.pickles[:3]) + (" ..." if len(scan.pickles) > 3 else "")
+    out.add("safety.pickle_file", rel,
+            f"{scan.kind} ({where or 'no pickle read'}): pickles run code when loaded without weights_only=True: "
+            "convert to safetensors (or pass --allow-pickle)", severity=WARNING if allow_pickle else None)
 
 # -- config, tokenizer, generation config ------------------------------------------------------
 

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from ..errors import UsageError
 
 MAX_JSON_BYTES = 64 * 1024 * 1024  # config/tokenizer/index files larger than this are not read
+MAX_DEPTH = 200  # folders nested deeper than this are reported, not walked
 
 
 class PathEscape(Exception):
@@ -77,8 +78,12 @@ class DirView:
                 self.entries[rel] = Entry(rel, "symlink", 0, target, inside)
             elif stat.S_ISDIR(st.st_mode):
                 self.entries[rel] = Entry(rel, "dir")
-                if depth < 8:
+                # any depth (a pickle 10 folders down is still a pickle); symlinks are never
+                # followed, so the walk cannot loop, and the depth only guards the stack
+                if depth < MAX_DEPTH:
                     self._walk(Path(item.path), rel + "/", depth + 1)
+                else:
+                    self.entries[rel] = Entry(rel, "too_deep")
             elif stat.S_ISREG(st.st_mode):
                 self.entries[rel] = Entry(rel, "file", st.st_size)
             else:
@@ -147,6 +152,11 @@ class _CountingFile:
 
     def read(self, n: int = -1) -> bytes:
         data = self._fh.read(n)
+        self._view.bytes_read += len(data)
+        return data
+
+    def readline(self, limit: int = -1) -> bytes:
+        data = self._fh.readline(limit)
         self._view.bytes_read += len(data)
         return data
 

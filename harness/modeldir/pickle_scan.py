@@ -1,152 +1,107 @@
-"""Scan pickle files for the globals they would import, without ever unpickling them.
+"""The pickle verdict of one file: torch's weights-only rule, with what breaks it named.
 
-pickletools.genops walks the opcodes; GLOBAL/INST carry "module name" inline, STACK_GLOBAL takes
-the two strings pushed before it (directly or through the memo). Torch checkpoints are either a
-zip archive holding */data.pkl or the legacy format (several pickles followed by raw storage).
+A file is acceptable (under --allow-pickle) only when every pickle its loader would unpickle keeps
+torch's rule (harness.modeldir.torch_rule): the globals it reaches are in the installed torch's
+weights-only allow-list, calls and BUILDs only target those, persistent ids are storages. What
+breaks the rule is sorted for the message: dangerous globals (named and explained by fickling /
+picklescan, harness.modeldir.pickle_danger), globals nobody can know without running the pickle,
+globals the analysers know as harmless (transformers' TrainingArguments: a warning), and the rest.
+Nothing is ever unpickled: pickle_sources finds the pickles, pickle_vm replays their opcodes.
 """
 
 from __future__ import annotations
 
-import io
-import pickletools
-import zipfile
 from dataclasses import dataclass, field
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-MAX_PICKLE_BYTES = 256 * 1024 * 1024  # a data.pkl is small; storages live outside it
+from .pickle_danger import judge
+from .pickle_sources import MAX_PICKLE_BYTES, FileScan, PickleSource, scan_file
+from .pickle_vm import PickleRun
+from .torch_rule import torch_allow_list, with_loader_globals
 
-# What torch.save writes for a state dict (and what torch.load(weights_only=True) allows).
-SAFE_GLOBALS = {
-    "collections.OrderedDict", "builtins.set", "builtins.frozenset", "builtins.slice",
-    "builtins.complex", "builtins.bytearray", "_codecs.encode",
-    "torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
-    "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
-    "torch._utils._rebuild_sparse_tensor", "torch._utils._rebuild_meta_tensor_no_storage",
-    "torch._utils._rebuild_wrapper_subclass", "torch._utils._rebuild_device_tensor_from_numpy",
-    "torch._utils._rebuild_qtensor", "torch.Size", "torch.device", "torch.serialization._get_layout",
-    "torch._tensor._rebuild_from_type_v2", "torch.storage.UntypedStorage",
-}
-SAFE_MODULE_PREFIXES = ("torch.",)  # torch.FloatStorage, torch.bfloat16, torch.float32 ...
-SAFE_TORCH_NAMES_SUFFIX = ("Storage",)
-TORCH_DTYPE_NAMES = {"float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32",
-                     "int64", "bool", "float8_e4m3fn", "float8_e5m2", "complex64", "qint8", "quint8"}
-
-DANGEROUS_MODULES = ("os", "posix", "nt", "subprocess", "sys", "shutil", "socket", "importlib",
-                     "runpy", "pickle", "_pickle", "marshal", "ctypes", "pty", "webbrowser", "code",
-                     "commands", "multiprocessing", "urllib", "requests", "http", "ftplib", "asyncio",
-                     "signal", "tempfile", "io", "pathlib", "zipimport")
-DANGEROUS_BUILTINS = {"eval", "exec", "compile", "open", "__import__", "getattr", "setattr", "delattr",
-                      "globals", "locals", "vars", "input", "breakpoint", "memoryview", "type", "object",
-                      "super", "classmethod", "staticmethod", "property", "apply", "execfile", "reload"}
-DANGEROUS_TORCH = ("torch.load", "torch.storage._load_from_bytes", "torch.hub", "torch.jit",
-                   "torch.ops", "torch._C", "torch.serialization.load", "torch.utils.cpp_extension",
-                   "torch._dynamo", "torch.package", "torch.fx")
+__all__ = ["MAX_PICKLE_BYTES", "PickleScan", "scan_pickle_file"]
 
 
 @dataclass
 class PickleScan:
+    kind: str | None = None  # None: the file holds no pickle
+    pickles: list[str] = field(default_factory=list)  # where each pickle is ("archive/data.pkl" ...)
     globals_seen: list[str] = field(default_factory=list)
-    dangerous: list[str] = field(default_factory=list)
-    unknown: list[str] = field(default_factory=list)
-    error: str | None = None  # opcodes could not be read
+    dangerous: list[str] = field(default_factory=list)  # "os.system (fickling: ...)"
+    unresolved: list[str] = field(default_factory=list)  # globals computed at load time
+    refused: list[str] = field(default_factory=list)  # other breaches of torch's rule
+    known_safe: list[str] = field(default_factory=list)  # outside torch's list, harmless per fickling
+    unreadable: list[str] = field(default_factory=list)  # pickles that cannot be read to their end
+    problems: list[str] = field(default_factory=list)  # damaged, flagged or oversized containers
+    torch_refuses: str | None = None  # the container format itself is refused (legacy tar, TorchScript)
+    unscanned: str | None = None
+    allow_list: str = ""
 
+    @property
+    def is_pickle(self) -> bool:
+        return self.kind is not None and (bool(self.pickles) or self.torch_refuses is not None
+                                          or bool(self.problems) or self.unscanned is not None)
 
-def classify(name: str) -> str:
-    """'safe', 'dangerous' or 'unknown' for a 'module.attr' global name."""
-    module, _, attr = name.rpartition(".")
-    if name in SAFE_GLOBALS:
-        return "safe"
-    if name.startswith(DANGEROUS_TORCH):
-        return "dangerous"
-    top = module.split(".")[0]
-    if top in DANGEROUS_MODULES or top in {"__builtin__", "builtins"} and attr in DANGEROUS_BUILTINS:
-        return "dangerous"
-    if module == "torch" and (attr.endswith(SAFE_TORCH_NAMES_SUFFIX) or attr in TORCH_DTYPE_NAMES):
-        return "safe"
-    if module in {"__builtin__", "builtins"}:
-        return "unknown"
-    return "unknown"
+    @property
+    def accepted(self) -> bool:
+        """torch.load(weights_only=True)'s rule holds for every pickle (warnings aside)."""
+        return not (self.dangerous or self.unresolved or self.refused or self.known_safe or self.unreadable
+                    or self.problems or self.torch_refuses)
 
-
-def globals_in_pickle(data: bytes, max_pickles: int = 1) -> tuple[list[str], str | None]:
-    """Globals imported by the first `max_pickles` pickles in `data`; (names, error or None)."""
-    stream = io.BytesIO(data)
-    names: list[str] = []
-    for index in range(max_pickles):
-        if stream.tell() >= len(data):
-            break
-        strings: list[object] = []
-        memo: dict[int, object] = {}
-        last: object = None
-        try:
-            for opcode, arg, _pos in pickletools.genops(stream):
-                op = opcode.name
-                if op in ("GLOBAL", "INST"):
-                    module, _, attr = str(arg).partition(" ")
-                    names.append(f"{module}.{attr}")
-                    last = None
-                elif op == "STACK_GLOBAL":
-                    if len(strings) >= 2 and all(isinstance(s, str) for s in strings[-2:]):
-                        names.append(f"{strings[-2]}.{strings[-1]}")
-                    else:
-                        names.append("<unresolved STACK_GLOBAL>")
-                    last = None
-                elif op in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",
-                            "BINSTRING", "STRING"):
-                    last = arg
-                    strings.append(arg)
-                elif op == "MEMOIZE":
-                    memo[len(memo)] = last
-                elif op in ("BINPUT", "LONG_BINPUT", "PUT"):
-                    memo[int(arg)] = last
-                elif op in ("BINGET", "LONG_BINGET", "GET"):
-                    last = memo.get(int(arg))
-                    strings.append(last)
-                else:
-                    last = None
-        except Exception as exc:  # noqa: BLE001 - any parse failure is reported, never raised
-            if index == 0:
-                return names, f"{type(exc).__name__}: {exc}"
-            break  # legacy format: raw storage bytes follow the pickles
-    return names, None
+    @property
+    def error(self) -> str | None:  # kept for callers of the first version
+        return "; ".join(self.unreadable + self.problems) or None
 
 
 def scan_pickle_file(fh, size: int) -> PickleScan:
-    """Scan an open binary file (a torch zip checkpoint or a plain/legacy pickle)."""
-    head = fh.read(4)
-    fh.seek(0)
-    result = PickleScan()
-    if head.startswith(b"PK"):
-        try:
-            archive = zipfile.ZipFile(fh)
-        except (zipfile.BadZipFile, OSError, ValueError) as exc:
-            result.error = f"damaged zip archive: {exc}"
-            return result
-        members = [i for i in archive.infolist() if i.filename.endswith(".pkl")]
-        if not members:
-            result.error = "zip archive without a .pkl member"
-            return result
-        for info in members:
-            if info.file_size > MAX_PICKLE_BYTES:
-                result.error = f"{info.filename} is {info.file_size} bytes, too large to scan"
-                return result
-            try:
-                data = archive.read(info)
-            except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
-                result.error = f"cannot read {info.filename}: {exc}"
-                return result
-            names, error = globals_in_pickle(data, max_pickles=1)
-            result.globals_seen += names
-            result.error = result.error or error
-    else:
-        data = fh.read(min(size, MAX_PICKLE_BYTES))
-        names, error = globals_in_pickle(data, max_pickles=5)
-        result.globals_seen = names
-        result.error = error
-    for name in dict.fromkeys(result.globals_seen):
-        kind = "dangerous" if name.startswith("<unresolved") else classify(name)
-        if kind == "dangerous":
-            result.dangerous.append(name)
-        elif kind == "unknown":
-            result.unknown.append(name)
-    return result
+    """Scan an open binary file: which pickles its loader reads and whether torch's rule holds."""
+    allow = torch_allow_list()
+    found = scan_file(fh, size, allow)
+    if _breaches(found):
+        wider = with_loader_globals()
+        if wider is not allow:
+            allow = wider
+            found = scan_file(fh, size, allow)
+    return _verdict(found, allow.source)
+
+
+def _breaches(found: FileScan) -> bool:
+    return any(source.run.violations for source in found.pickles)
+
+
+def _verdict(found: FileScan, source: str) -> PickleScan:
+    scan = PickleScan(kind=found.kind, problems=list(found.problems), torch_refuses=found.torch_refuses,
+                      unscanned=found.unscanned, allow_list=source)
+    for item in found.pickles:
+        scan.pickles.append(item.where)
+        _judge_run(item, scan)
+    for name in ("globals_seen", "dangerous", "unresolved", "refused", "known_safe", "unreadable"):
+        setattr(scan, name, list(dict.fromkeys(getattr(scan, name))))
+    return scan
+
+
+def _judge_run(source: PickleSource, scan: PickleScan) -> None:
+    run: PickleRun = source.run
+    scan.globals_seen += [imp.full for imp in run.imports]
+    for violation in run.violations:
+        if violation.kind == "unresolved":
+            scan.unresolved.append(f"{violation.detail} in {source.where}")
+            continue
+        if violation.global_name is not None:
+            imp = next((i for i in run.imports if i.full == violation.global_name), None)
+            if imp is None or not imp.resolved:
+                continue
+            verdict = judge(imp.module, imp.name)
+            if verdict.dangerous:
+                scan.dangerous.append(f"{imp.full} ({verdict.reason})")
+            elif verdict.known_safe:
+                scan.known_safe.append(f"{imp.full} ({verdict.reason})")
+            else:
+                scan.refused.append(f"imports {imp.full}, outside torch's allow-list")
+            continue
+        scan.refused.append(f"{violation.detail} in {source.where}")
+    if run.error is not None:
+        if run.imports:
+            scan.unreadable.append(f"{source.where}: stops at '{run.error}' after importing "
+                                   f"{', '.join(dict.fromkeys(i.full for i in run.imports[:3]))}")
+        else:
+            scan.unreadable.append(f"{source.where}: {run.error}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import quant_layout
 from .findings import Collector
 from .safetensors_header import FLOAT_DTYPES, TensorInfo
 
@@ -76,3 +77,18 @@ def check_quantization(config: dict, stored: dict[str, tuple[str, TensorInfo]], 
             return False
         return True
     return bool(markers) or method in ("fp8", "bitnet", "hqq", "eetq", "torchao", "gguf")
+
+
+def check_quantized_layout(config: dict, stored: dict[str, tuple[str, TensorInfo]], expected, out: Collector) -> None:
+    """Each quantized layer's tensors against the config (bits, group size, symmetry, ignore list)
+    and the architecture's shapes; see quant_layout."""
+    qcfg = config.get("quantization_config")
+    if not isinstance(qcfg, dict):
+        return
+    method = str(qcfg.get("quant_method", "")).lower()
+    layers = quant_layout.linear_layers(expected.shapes, expected.embed_key)
+    if method == "compressed-tensors":
+        quant_layout.check_compressed_tensors(qcfg, stored, layers, out)
+    elif method in ("gptq", "awq"):
+        head = expected.lm_head_key[: -len(".weight")] if expected.lm_head_key else None
+        quant_layout.check_gptq_awq(method, qcfg, stored, layers, head, out)

@@ -49,6 +49,7 @@ class TestResult:
     message: str | None = None  # skip reason or the first line of the failure
     markers: list[str] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
+    detail: str | None = None  # the full failure text (traceback), for the report's folded block
 
 
 @dataclass
@@ -61,6 +62,14 @@ class RunResults:
     status: str = "running"  # running | finished | interrupted
     tests: list[TestResult] = field(default_factory=list)
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Added after schema 1 shipped (readers treat them as optional):
+    machine: dict[str, Any] = field(default_factory=dict)  # line, host, gpu state and reason
+    figures: list[dict[str, Any]] = field(default_factory=list)  # {kind, title, data}: drawn by the report
+    fragments: list[dict[str, str]] = field(default_factory=list)  # {title, html}: record.html blocks
+    links: list[dict[str, str]] = field(default_factory=list)  # {title, path}: pages this run produced
+    benchmarks: list[dict[str, Any]] = field(default_factory=list)  # pytest-benchmark statistics
+    html_path: str | None = None
+    wall_s: float | None = None
 
     def add_test(self, result: TestResult) -> None:
         self.tests.append(result)
@@ -69,8 +78,12 @@ class RunResults:
     def add_row(self, table: str, row: dict[str, Any]) -> None:
         self.tables.setdefault(table, []).append(row)
 
+    def add_figure(self, kind: str, title: str, data: dict[str, Any]) -> None:
+        self.figures.append({"kind": kind, "title": title, "data": data})
+
     def finish(self, interrupted: bool) -> None:
         self.status = "interrupted" if interrupted else "finished"
+        self.wall_s = round(time.time() - self.started, 3)
         self.write()
 
     def summary(self) -> dict[str, int]:
@@ -92,6 +105,13 @@ class RunResults:
             "settings": self.settings,
             "tests": [asdict(t) for t in self.tests],
             "tables": self.tables,
+            "machine": self.machine,
+            "wall_s": self.wall_s,
+            "html": self.html_path,
+            "figures": self.figures,
+            "fragments": self.fragments,
+            "links": self.links,
+            "benchmarks": self.benchmarks,
         })
 
     def write(self) -> None:

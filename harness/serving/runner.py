@@ -41,7 +41,7 @@ class BenchConfig:
     out: Path | None = None
     keep_requests: bool = True
     environment: dict = field(default_factory=dict)  # extra facts (flags, startup info) to record
-    metrics_interval_s: float = 0.5
+    metrics_interval_s: float = 0.1  # /metrics every 100 ms: a 1 s run still gives ~10 samples
     quiet: bool = False  # no per-run lines at all (-q)
     progress: bool | None = None  # the ticking "n/N requests" lines; default: when stderr is a terminal
     prompt_calibration: str = "auto"  # prompts.METHODS

@@ -114,6 +114,7 @@ class ServerPool:
                                                         served_model_name=self.model_dir.name))
         self.started.append(kind)
         self._current = Served(kind, process.base_url, self.model_dir.name, self.model_dir, process)
+        record_kv_plan(self.log_dir.parent / "kv_plan.json", kind, process, self.model_dir)
         return self._current
 
     def stop(self) -> None:
@@ -182,3 +183,10 @@ def bench(show_progress, quiet):
             return run_bench(cfg)
 
     return run
+
+
+def record_kv_plan(path: Path, kind: str, process: ServerProcess, model_dir: Path) -> None:
+    """Issue 15: every server's predicted against logged KV cache tokens and max concurrency."""
+    from harness.memory.vllm_plan import append_record, server_kv_record
+
+    append_record(path, server_kv_record(kind, process, model_dir))

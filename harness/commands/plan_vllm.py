@@ -1,0 +1,192 @@
+"""`python -m harness plan --engine vllm`: will vLLM start on this card, and how many requests will
+it hold? (harness/memory/vllm_plan.py does the arithmetic; this module is the command line.)
+
+A comma list in --max-model-len, --quantization or --kv-cache-dtype (or --sweep) gives a table:
+max-model-len against KV tokens and max concurrency, one column group per precision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import UsageError
+
+# option -> default; plan.py's own options are left alone
+VLLM_ONLY = {
+    "gpu_memory": None, "gpu_memory_utilization": None, "max_model_len": None, "max_num_seqs": None,
+    "max_num_batched_tokens": None, "dtype": "auto", "quantization": None, "kv_cache_dtype": "auto",
+    "enforce_eager": False, "enable_lora": False, "max_lora_rank": 16, "max_loras": 1, "weights_bytes": None,
+    "vllm_version": None, "vllm_engine": None, "entrypoint": "serve", "gpu_used_by_others": None,
+    "flashinfer_sampler": False, "sweep": False,
+}
+SWEEP_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+SWEEP_PRECISIONS = (("none", "auto"), ("fp8", "auto"), ("awq", "auto"), ("awq", "fp8"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The --engine switch and the vLLM options (one argument group)."""
+    parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                        help="whose memory plan: transformers' generate/training (default) or vLLM's server")
+    g = parser.add_argument_group("vLLM (--engine vllm)")
+    g.add_argument("--gpu-memory", metavar="SIZE|GPU_NAME",
+                   help="total memory as CUDA reports it (14.74GiB) or a card: t4, l4, a10, rtx-3060-6gb, "
+                        "rtx-4060-8gb, a100-40gb, a100-80gb, h100, h200, ... (harness/memory/gpus.py)")
+    g.add_argument("--gpu-memory-utilization", type=float, metavar="U", help="vLLM's share of the card (0.9)")
+    g.add_argument("--max-model-len", metavar="L[,L..]", help="context length; a comma list gives a sweep table")
+    g.add_argument("--max-num-seqs", type=int, metavar="S", help="default: what that vLLM version picks")
+    g.add_argument("--max-num-batched-tokens", type=int, metavar="T", help="default: what that vLLM version picks")
+    g.add_argument("--dtype", default="auto", help="auto|bf16|fp16|fp32")
+    g.add_argument("--quantization", metavar="Q[,Q..]",
+                   help="none|awq|gptq|compressed-tensors|fp8|bitsandbytes (default: from config.json)")
+    g.add_argument("--kv-cache-dtype", default="auto", metavar="auto|fp8[,..]")
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--enable-lora", action="store_true")
+    g.add_argument("--max-lora-rank", type=int, default=16, metavar="R")
+    g.add_argument("--max-loras", type=int, default=1, metavar="N")
+    g.add_argument("--weights-bytes", metavar="N|SIZE",
+                   help="weights as loaded, when the config cannot tell (mixed-precision 'dynamic' 4-bit)")
+    g.add_argument("--vllm-version", metavar="X.Y", help="default 0.32; the memory rules changed across versions")
+    g.add_argument("--vllm-engine", choices=("v0", "v1"), help="default: what that version picks on that card")
+    g.add_argument("--entrypoint", choices=("serve", "llm"), default="serve",
+                   help="vllm serve (default) or the offline LLM class: their batch defaults differ")
+    g.add_argument("--gpu-used-by-others", metavar="SIZE",
+                   help="memory other processes hold on the card (a desktop: ~0.3 GiB)")
+    g.add_argument("--flashinfer-sampler", action="store_true",
+                   help="FlashInfer is installed (V1 0.8-0.26: a smaller dummy sampler)")
+    g.add_argument("--sweep", action="store_true",
+                   help="table of max-model-len (1k-128k) x precision (bf16, fp8, awq, awq + fp8 KV)")
+
+
+def reject_vllm_options(args: argparse.Namespace) -> None:
+    """Without --engine vllm, the vLLM options would be silently ignored: refuse them instead."""
+    given = [name for name, default in VLLM_ONLY.items() if getattr(args, name, default) != default]
+    if given:
+        raise UsageError(f"--{given[0].replace('_', '-')} needs --engine vllm")
+
+
+def _list(text: str | None, what: str) -> list[str]:
+    items = [t.strip() for t in (text or "").split(",") if t.strip()]
+    if not items:
+        raise UsageError(f"{what}: empty list")
+    return items
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise UsageError(f"{what}: {text!r} is not an integer") from None
+    if value < 1:
+        raise UsageError(f"{what}: {value} must be positive")
+    return value
+
+
+def _queries(args: argparse.Namespace):
+    from ..memory.gpus import resolve_gpu
+    from ..memory.vllm_plan import DEFAULT_VERSION, VllmQuery
+    from ..units import parse_bytes
+
+    if args.config is None:
+        raise UsageError("--config is required")
+    if args.gpu_memory is None:
+        raise UsageError("--gpu-memory is required with --engine vllm (a size or a card name)")
+    if args.gpu_memory_utilization is None:
+        raise UsageError("--gpu-memory-utilization is required with --engine vllm")
+    gpu = resolve_gpu(args.gpu_memory)
+    if args.sweep:
+        lengths = [int(x) for x in (args.max_model_len.split(",") if args.max_model_len else SWEEP_LENGTHS)]
+        precisions = ([(q, k) for q in _list(args.quantization, "--quantization")
+                       for k in _list(args.kv_cache_dtype, "--kv-cache-dtype")]
+                      if args.quantization else list(SWEEP_PRECISIONS))
+    else:
+        if args.max_model_len is None:
+            raise UsageError("--max-model-len is required with --engine vllm")
+        lengths = [_int(x, "--max-model-len") for x in _list(args.max_model_len, "--max-model-len")]
+        quants = _list(args.quantization, "--quantization") if args.quantization else [None]
+        precisions = [(q, k) for q in quants for k in _list(args.kv_cache_dtype, "--kv-cache-dtype")]
+    weights = None
+    if args.weights_bytes is not None:
+        text = str(args.weights_bytes)
+        weights = int(text) if text.isdigit() else parse_bytes(text, "--weights-bytes")
+    others = parse_bytes(args.gpu_used_by_others, "--gpu-used-by-others") if args.gpu_used_by_others else 0
+    base = dict(gpu=gpu, gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens, dtype=args.dtype,
+                enforce_eager=args.enforce_eager, enable_lora=args.enable_lora, max_lora_rank=args.max_lora_rank,
+                max_loras=args.max_loras, weights_bytes=weights, vllm_version=args.vllm_version or DEFAULT_VERSION,
+                engine=args.vllm_engine, entrypoint=args.entrypoint, other_process_bytes=others,
+                flashinfer_sampler=args.flashinfer_sampler)
+    return [(quant, kv, length, VllmQuery(max_model_len=length, quantization=quant, kv_cache_dtype=kv, **base))
+            for quant, kv in precisions for length in lengths]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..memory.vllm_plan import model_facts, plan
+
+    queries = _queries(args)
+    facts = model_facts(args.config)
+    results = [(quant, kv, length, plan(facts, q, search=len(queries) == 1)) for quant, kv, length, q in queries]
+    if len(results) == 1:
+        result = results[0][3]
+        if args.json:
+            print(json.dumps(result.as_dict(), indent=1))
+        else:
+            _print_one(result, facts.name)
+        return 0
+    if args.json:
+        print(json.dumps({"model": facts.name, "plans": [r.as_dict() for *_, r in results]}, indent=1))
+        return 0
+    _print_sweep(results, facts.name)
+    return 0
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB"
+
+
+def _print_one(p, name: str) -> None:
+    s = p.settings
+    print(f"vLLM {s['vllm_version']} ({s['engine']} engine, {s['regime']} accounting) · {name} on {s['gpu']} "
+          f"({_gib(p.total_bytes)}) · max-model-len {p.max_model_len} · "
+          f"{s['max_num_seqs']} seqs x {s['max_num_batched_tokens']} batched tokens")
+    print(f"  requested (utilization x total)  {_gib(p.requested_bytes):>11}")
+    print(f"  - weights                        {_gib(p.weights_bytes):>11}   {s['quantization']}")
+    print(f"  - activation peak (dummy run)    {_gib(p.activation_bytes):>11}   {s['dummy_requests']} requests, "
+          f"{s['sampler']} sampler")
+    print(f"  - non-torch                      {_gib(p.non_torch_bytes):>11}")
+    graphs = "subtracted" if s["cuda_graphs_subtracted"] else "not subtracted (taken after the KV cache)"
+    print(f"    CUDA graphs                    {_gib(p.cuda_graph_bytes):>11}   {graphs}")
+    print(f"  = KV cache                       {_gib(p.kv_cache_bytes):>11}   {p.num_blocks} blocks of "
+          f"{p.block_size} tokens, {p.kv_bytes_per_token} bytes/token")
+    print(f"  KV cache tokens {p.kv_cache_tokens:,} · max concurrency at {p.max_model_len} tokens: "
+          f"{p.max_concurrency:.2f}x")
+    print(f"  starts: {'yes' if p.starts else 'no — ' + p.reason}")
+    for note in p.notes:
+        print(f"  note: {note}")
+
+
+def _print_sweep(results, name: str) -> None:
+    columns: dict[tuple, dict[int, object]] = {}
+    lengths: list[int] = []
+    for quant, kv, length, p in results:
+        label = (quant or p.settings["quantization"], kv)
+        columns.setdefault(label, {})[length] = p
+        if length not in lengths:
+            lengths.append(length)
+    first = results[0][3]
+    print(f"{name} on {first.settings['gpu']} ({_gib(first.total_bytes)}), utilization "
+          f"{first.requested_bytes / first.total_bytes:.2f}, vLLM {first.settings['vllm_version']}: "
+          "KV tokens / max concurrency ('-' = does not start)")
+    heads = [f"{q}{' kv-fp8' if k == 'fp8' else ''}" for q, k in columns]
+    print(f"{'max-model-len':>13} " + " ".join(f"{h:>22}" for h in heads))
+    for length in lengths:
+        cells = []
+        for label in columns:
+            p = columns[label].get(length)
+            if p is None:
+                cells.append("")
+            elif not p.starts:
+                cells.append("-")
+            else:
+                cells.append(f"{p.kv_cache_tokens:,} / {p.max_concurrency:.1f}x")
+        print(f"{length:>13} " + " ".join(f"{c:>22}" for c in cells))

@@ -1,0 +1,326 @@
+"""One LoRA/QLoRA training case the way users run it, in a fresh process, measured.
+
+    python -m harness.memory.train_matrix --case '{"arch": ..., ...}' --model-dir DIR --out ROW.json
+
+The protocol (issue 13): from_pretrained at the precision -> prepare_model_for_kbit_training(
+use_gradient_checkpointing=...) for a quantized base, or gradient_checkpointing_enable() +
+enable_input_require_grads() for a bf16 base -> get_peft_model(LoRA r, alpha 2r, dropout 0.05, the
+targets) -> model.train() -> the optimizer's steps on random token ids (labels = input ids). The
+allocator peak is measured over the steps only (loading is its own figure). With `budget_bytes` the
+allocator is capped first at budget - this process's CUDA context, as on a card of that size, and
+the row says whether it ran out of memory (and in which phase) instead of measuring a peak.
+
+One process per case because state left by an earlier case (a wrapped or unwrapped model, the
+checkpointing flag, cuBLAS workspaces, the allocator's segments) changes the next case's peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import atomic
+
+TARGET_SETS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "all": ("all-linear",)}
+STEPS = 3
+
+
+@dataclass(frozen=True)
+class TrainCase:
+    arch: str
+    precision: str  # bf16 or a bitsandbytes precision (nf4-dq, ...)
+    targets: str  # a key of TARGET_SETS
+    lora_r: int
+    grad_checkpointing: bool
+    batch: int
+    seq_len: int
+    optimizer: str  # harness.memory.estimate.OPTIMIZERS
+    budget_bytes: int | None = None  # cap the allocator like a card of this size
+    role: str = "matrix"  # matrix | boundary
+    steps: int = STEPS
+
+    @property
+    def key(self) -> str:
+        return "|".join(str(v) for v in asdict(self).values())
+
+    def query(self):
+        from .estimate import Query
+
+        return Query(self.precision, "train", seq_len=self.seq_len, batch=self.batch, lora_r=self.lora_r,
+                     lora_targets=TARGET_SETS[self.targets], grad_checkpointing=self.grad_checkpointing,
+                     optimizer=self.optimizer)
+
+
+def predicted_bytes(case: TrainCase, calibration: dict | None = None) -> int:
+    from .estimate import estimate, model_shape
+
+    return estimate(model_shape(case.arch), case.query(), calibration).peak_bytes
+
+
+def make_optimizer(name: str, params):
+    """The optimizer HF Trainer builds for `optim=name` (lr 2e-4, its default weight decay 0)."""
+    from .estimate import optimizer_name
+
+    name = optimizer_name(name)
+    if name == "adamw_torch":
+        import torch
+
+        return torch.optim.AdamW(params, lr=2e-4, weight_decay=0.0)
+    import bitsandbytes as bnb
+
+    cls = {"adamw_8bit": bnb.optim.AdamW8bit, "paged_adamw_32bit": bnb.optim.PagedAdamW32bit,
+           "paged_adamw_8bit": bnb.optim.PagedAdamW8bit}[name]
+    return cls(params, lr=2e-4, weight_decay=0.0)
+
+
+def _optimizer_state_bytes(opt, device: str) -> tuple[int, int]:
+    """(bytes in torch's allocator, bytes elsewhere: bitsandbytes' paged buffers) of the states on
+    `device` (torch keeps AdamW's step counters as CPU scalars: not device memory)."""
+    import torch
+
+    kind = torch.device(device).type
+    alloc = paged = 0
+    seen: set[int] = set()
+    for state in opt.state.values():
+        for value in state.values():
+            if not isinstance(value, torch.Tensor) or value.numel() <= 1 or value.data_ptr() in seen:
+                continue
+            seen.add(value.data_ptr())
+            size = value.numel() * value.element_size()
+            if getattr(value, "is_paged", False):  # bitsandbytes: a CPU-typed view of managed memory
+                paged += size
+            elif value.device.type == kind:
+                alloc += size
+    return alloc, paged
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+@dataclass
+class Run:
+    """What one process measured (None where not reached)."""
+
+    phase: str = "start"
+    oom: bool = False
+    oom_phase: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def run_case(case: TrainCase, model_dir: str | Path, device: str = "cuda:0") -> dict:
+    """Run `case` in this process and return its row (the process should be fresh)."""
+    import torch
+
+    from ..models import load_model
+    from .estimate import model_shape, resolve_lora_targets
+    from .measure import MemoryTracker, cuda_context_bytes
+
+    cuda = device.startswith("cuda")
+    run = Run()
+    row: dict[str, Any] = asdict(case)
+    row.update(mode="train", lora_targets=list(TARGET_SETS[case.targets]))
+    t0 = time.perf_counter()
+    if cuda:
+        context = cuda_context_bytes(device)
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+        row.update(context_bytes=context, total_bytes=int(total))
+        if case.budget_bytes:
+            cap = case.budget_bytes - (context or 0)
+            torch.cuda.set_per_process_memory_fraction(cap / total, torch.device(device))
+            row["allocator_cap_bytes"] = int(cap)
+    model = opt = None
+    try:
+        run.phase = "load"
+        model = load_model(model_dir, case.precision, device)
+        if cuda:
+            row["loaded_bytes"] = int(torch.cuda.memory_allocated(torch.device(device)))
+        run.phase = "prepare"
+        quantized = case.precision not in ("bf16", "fp16", "fp32")
+        if quantized:
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=case.grad_checkpointing)
+        elif case.grad_checkpointing:
+            model.gradient_checkpointing_enable()
+            model.enable_input_require_grads()
+        model.config.use_cache = False
+        from peft import LoraConfig, get_peft_model
+
+        targets = TARGET_SETS[case.targets]
+        cfg = LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=0.05,
+                         target_modules=targets[0] if targets == ("all-linear",) else list(targets),
+                         task_type="CAUSAL_LM")
+        model = get_peft_model(model, cfg)
+        model.train()
+        trainable, _ = model.get_nb_trainable_parameters()
+        wrapped = sorted({name.rsplit(".", 1)[-1] for name, mod in model.named_modules()
+                          if hasattr(mod, "lora_A") and len(getattr(mod, "lora_A", {})) > 0})
+        n_wrapped = sum(1 for _, mod in model.named_modules()
+                        if hasattr(mod, "lora_A") and len(getattr(mod, "lora_A", {})) > 0)
+        row.update(lora_params_measured=int(trainable), lora_modules_measured=n_wrapped, lora_wrapped=wrapped)
+        opt = make_optimizer(case.optimizer, [p for p in model.parameters() if p.requires_grad])
+        g = torch.Generator(device="cpu").manual_seed(case.seq_len * 10 + case.batch)
+        vocab = model.config.vocab_size if hasattr(model.config, "vocab_size") else model.get_input_embeddings().num_embeddings
+        ids = torch.randint(3, vocab - 1, (case.batch, case.seq_len), generator=g).to(device)
+        run.phase = "train"
+        tracker = MemoryTracker(device, interval_s=0.02)  # a dozen cases share the CPUs
+        losses = []
+        try:
+            with tracker:
+                for _ in range(case.steps):
+                    out = model(input_ids=ids, labels=ids)
+                    out.loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    losses.append(float(out.loss.detach()))
+                    del out
+        finally:
+            m = tracker.result
+            row.update(peak_bytes=m.peak_bytes, reserved_peak_bytes=m.reserved_peak_bytes,
+                       start_bytes=m.start_bytes, end_bytes=m.end_bytes, nvml_peak_bytes=m.nvml_peak_bytes,
+                       nvml_scope=m.nvml_scope, host_rss_peak_bytes=m.host_rss_peak_bytes,
+                       train_seconds=round(m.seconds, 3))
+        alloc, paged = _optimizer_state_bytes(opt, device)
+        row.update(losses=losses, optimizer_state_bytes_measured=alloc, paged_optimizer_state_bytes_measured=paged)
+        run.phase = "done"
+    except Exception as exc:  # noqa: BLE001 - OOM is a result; anything else is recorded, not hidden
+        if _is_oom(exc):
+            run.oom, run.oom_phase = True, run.phase
+            if cuda:  # the cap, not a GPU shared with other cases, must be what ran out
+                row["device_free_at_oom_bytes"] = int(torch.cuda.mem_get_info(torch.device(device))[0])
+        else:
+            row["error"] = f"{run.phase}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+        del exc
+    finally:
+        del model, opt
+        gc.collect()
+    row.update(oom=run.oom, oom_phase=run.oom_phase, seconds=round(time.perf_counter() - t0, 3))
+    if run.oom:  # a peak measured up to the OOM is not the case's peak
+        row["peak_bytes"] = None
+    try:
+        shape = model_shape(case.arch)
+        t = resolve_lora_targets(shape, TARGET_SETS[case.targets])
+        row.update(predicted_bytes=predicted_bytes(case), lora_modules_predicted=t.modules,
+                   lora_unmatched_targets=list(t.unmatched))
+    except Exception as exc:  # noqa: BLE001 - the measurement matters more than the prediction
+        row["predict_error"] = str(exc)[:200]
+    return row
+
+
+def environment(device: str = "cuda:0") -> dict:
+    import peft
+    import torch
+    import transformers
+
+    try:
+        import bitsandbytes as bnb
+
+        bnb_version = bnb.__version__
+    except Exception as exc:  # noqa: BLE001
+        bnb_version = f"unavailable: {exc}"
+    cuda = device.startswith("cuda") and torch.cuda.is_available()
+    return {"gpu": torch.cuda.get_device_name(0) if cuda else "cpu",
+            "total_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else 0,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
+            "peft": peft.__version__, "bitsandbytes": bnb_version, "python": sys.version.split()[0]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading rows back
+
+TRUTH_DIR = Path(__file__).resolve().parents[2] / "suites" / "vram" / "measured" / "truth"
+# Never in the fit of estimate.CALIBRATION's training keys (benchmarks/vram/fit_calibration.py --train
+# --holdout ...): phi-3's fused qkv_proj/gate_up_proj, and a larger qwen2.
+HOLDOUT_ARCHS = ("phi-3-mini-4k", "qwen2.5-3b")
+
+
+def load_rows(paths) -> tuple[list[dict], dict]:
+    rows: list[dict] = []
+    env: dict = {}
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        env = env or data.get("environment", {})
+        rows += data["rows"]
+    return rows, env
+
+
+def load_truth() -> tuple[list[dict], dict]:
+    """The committed H200 rows of the fresh-process training matrix and boundary cases."""
+    return load_rows([TRUTH_DIR / "train_rows.json"])
+
+
+@dataclass
+class TrainingSummary:
+    rows: list[dict]  # matrix rows with "predicted" and "error" added
+    boundary: list[dict]  # boundary rows with "planner_fits" and "actually_fits"
+
+    def errors(self, archs=None, targets=None, gc: bool | None = None) -> list[float]:
+        return [abs(r["error"]) for r in self.rows
+                if (archs is None or r["arch"] in archs) and (targets is None or r["targets"] == targets)
+                and (gc is None or r["grad_checkpointing"] is gc)]
+
+    @property
+    def agreement(self) -> float:
+        ok = sum(r["planner_fits"] == r["actually_fits"] for r in self.boundary)
+        return ok / len(self.boundary) if self.boundary else float("nan")
+
+    @property
+    def false_fits(self) -> list[dict]:
+        return [r for r in self.boundary if r["planner_fits"] and not r["actually_fits"]]
+
+
+def evaluate_training(rows: list[dict], calibration: dict | None = None) -> TrainingSummary:
+    """Each measured matrix row against the estimator; each boundary row's real OOM against the
+    verdict `plan --train` gives (peak + training reserve + this process's context <= budget)."""
+    from .budget import default_headroom, fits
+    from .estimate import estimate, model_shape
+    from .matrix import row_query
+
+    shapes: dict[str, Any] = {}
+    matrix, boundary = [], []
+    for row in rows:
+        if row.get("error"):
+            continue
+        shape = shapes.setdefault(row["arch"], model_shape(row["arch"]))
+        pred = estimate(shape, row_query(row), calibration).peak_bytes
+        if row.get("role") == "boundary":
+            boundary.append(dict(row, predicted=pred, actually_fits=not row["oom"],
+                                 planner_fits=fits(pred, row["budget_bytes"], row["context_bytes"],
+                                                   default_headroom("train"))))
+        elif row.get("peak_bytes") and not row.get("oom"):
+            matrix.append(dict(row, predicted=pred, error=(pred - row["peak_bytes"]) / row["peak_bytes"]))
+    return TrainingSummary(matrix, boundary)
+
+
+def case_of(row: dict) -> TrainCase:
+    return TrainCase(row["arch"], row["precision"], row["targets"], row["lora_r"], row["grad_checkpointing"],
+                     row["batch"], row["seq_len"], row["optimizer"], row.get("budget_bytes"),
+                     row.get("role", "matrix"), row.get("steps", STEPS))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.memory.train_matrix", description=__doc__.splitlines()[0])
+    ap.add_argument("--case", required=True, help="the TrainCase as a JSON object")
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--out", required=True, help="where the row goes (JSON, written atomically)")
+    ap.add_argument("--device", default="cuda:0")
+    args = ap.parse_args(argv)
+    case = TrainCase(**json.loads(args.case))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    row = run_case(case, args.model_dir, args.device)
+    atomic.write_json(Path(args.out), row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

