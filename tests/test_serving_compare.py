@@ -237,6 +237,11 @@ def test_malformed_results_are_one_line_exit_2(tmp_path, capsys):
         for command in (["compare", str(base), str(path)], ["report", str(path), "--out", str(tmp_path / "r.html")]):
             _one_line_exit_2(_main(capsys, *command), words)
     _one_line_exit_2(_cli("compare", str(base), str(tmp_path / "lots.json")), "runs[1].concurrency")
+    run = tmp_path / "pytest-run.json"  # a pytest run's results file: report reads those too
+    for content, words in (('{"kind": "pytest-run", "tests": [1]}', "tests[0]"),
+                           ('{"kind": "pytest-run", "tests": [], "environment": {"nvml": {}}}', "available")):
+        run.write_text(content)
+        _one_line_exit_2(_main(capsys, "report", str(run), "--out", str(tmp_path / "r.html")), words)
     copy = tmp_path / "copy.json"
     copy.write_text(text)
     for twice in ([str(base), str(base)], [str(base), str(copy)]):

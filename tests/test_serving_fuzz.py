@@ -1,6 +1,7 @@
 """Fuzz `report` and `compare` through the command's main entry, in process: whatever the files
-hold (arbitrary JSON, a valid results file with parts replaced, removed or retyped, truncated or
-random bytes), the answer is exit 0, 1 or 2 and never an uncaught exception.
+hold (arbitrary JSON, a valid bench results file or a pytest run's results file with parts
+replaced, removed or retyped, truncated or random bytes), the answer is exit 0, 1 or 2 and never
+an uncaught exception.
 
 HARNESS_FUZZ_EXAMPLES sets the examples per test (default 60: CI time); HARNESS_FUZZ_OUT, a JSON
 file to write the counts to (benchmarks/serving/fuzz_results.py uses both).
@@ -32,6 +33,23 @@ COUNTS: Counter = Counter()  # (command, exit code) -> inputs
 VALID = make_results(seed=1, runs=3, requests=4)
 OTHER_VALID = make_results(seed=2, runs=3, requests=4)
 
+
+def _pytest_run() -> dict:
+    """A pytest run's results as the plugin writes them (report renders these too)."""
+    from harness import env as env_mod
+    from harness.report.results import RunResults, TestResult
+
+    run = RunResults(path=Path("unused.json"), suite="serving", environment=env_mod.probe_environment(None).to_dict(),
+                     settings={"device": "auto", "endpoint": None})
+    run.tests = [TestResult("suites/serving/test_x.py::test_a", "passed", 1.5, record={"ttft_ms": 12.5}),
+                 TestResult("suites/serving/test_x.py::test_b", "failed", 0.2, "AssertionError: 3 != 4"),
+                 TestResult("suites/serving/test_x.py::test_c", "skipped", 0.0, "destructive: never run against --endpoint")]
+    run.tables = {"Concurrency sweep": [{"server": "new", "concurrency": 4, "TTFT p50 ms": 80.0, "verdict": "pass"}]}
+    return run.to_dict()
+
+
+PYTEST_RUN = _pytest_run()
+
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
 json_values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
@@ -52,7 +70,7 @@ def _paths(node, prefix=()):
 @st.composite
 def mutated_results(draw):
     """A valid results file with 1-3 parts replaced by arbitrary JSON, removed, or emptied."""
-    data = copy.deepcopy(draw(st.sampled_from([VALID, OTHER_VALID])))
+    data = copy.deepcopy(draw(st.sampled_from([VALID, OTHER_VALID, PYTEST_RUN])))
     for _ in range(draw(st.integers(1, 3))):
         paths = [p for p in _paths(data) if p]
         if not paths:

@@ -66,9 +66,9 @@ def run(args) -> int:
     if "pytest-run" in kinds:
         if len(args.results) != 1:
             raise UsageError("a pytest run's results JSON is rendered alone (one file)")
-        from ..report import run_html
+        from ..report import run_html, run_load
 
-        data = json.loads(Path(args.results[0]).read_text(encoding="utf-8"))
+        data = run_load.load(args.results[0])
         page = run_html.render(data, index_href=_index_href(out))
     else:
         from ..report.bench_html import render

@@ -135,10 +135,10 @@ def _comparison(datas: list[dict], comparison: Any, compare: bool | None) -> tup
 def _gate_verdict(result, labels: list[str]) -> html.Verdict:
     changes = result.changes
     regressed = [c for c in changes if c.verdict == "regressed"]
-    unsure = [c for c in changes if c.verdict == "inconclusive"]
+    unsure = [c for c in changes if c.verdict.startswith("inconclusive")]
     broke = [b for b in result.behaviours if b.startswith("REGRESSION")]
-    lines = [f"{c.metric} at {c.level}: {fmt.percent(c.change, signed=True)} (95 % interval "
-             f"{fmt.percent(c.ci_low, signed=True)} to {fmt.percent(c.ci_high, signed=True)}, threshold "
+    lines = [f"{c.metric} at {c.level}: {_signed(c.change)} (95 % interval "
+             f"{_signed(c.ci_low)} to {_signed(c.ci_high)}, threshold "
              f"{fmt.percent(c.threshold)}): {c.verdict}" for c in regressed + unsure][:6]
     lines += broke
     for field, (old, new) in result.allowed_differences.items():
@@ -215,12 +215,18 @@ def _unit(value: float | None, unit: str) -> str | None:
 
 def _comparison_rows(result) -> list[dict]:
     return [{"level": c.level, "metric": c.metric, "baseline": _metric(c.metric, c.baseline),
-             "candidate": _metric(c.metric, c.candidate), "change": fmt.percent(c.change, signed=True),
-             "95 % interval": f"{fmt.percent(c.ci_low, signed=True)} to {fmt.percent(c.ci_high, signed=True)}",
+             "candidate": _metric(c.metric, c.candidate), "change": _signed(c.change),
+             "95 % interval": "-" if c.ci_low is None else f"{_signed(c.ci_low)} to {_signed(c.ci_high)}",
              "threshold": fmt.percent(c.threshold), "verdict": c.verdict} for c in result.changes]
 
 
-def _metric(name: str, value: float) -> str:
+def _signed(fraction: float | None) -> str:
+    return "-" if fraction is None else fmt.percent(fraction, signed=True)
+
+
+def _metric(name: str, value: float | None) -> str:
+    if value is None:  # a metric compare could not measure
+        return "-"
     if "throughput" in name:
         return f"{fmt.number(value)} {'tok/s' if name.startswith('output') else 'req/s'}"
     return f"{fmt.number(value)} ms"

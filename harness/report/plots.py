@@ -263,13 +263,16 @@ def ci_plot(series: dict[str, list[dict]], *, title: str, xlabel: str, ylabel: s
 def change_forest(changes: list[dict]) -> str:
     """Each metric's change (candidate / baseline - 1) with its 95 % interval and its threshold
     on the worse side: a regression is an interval wholly beyond the dashed line."""
+    changes = [c for c in changes if c.get("change") is not None]  # "not measured" metrics have no point
     fig, ax = new_figure((6.4, 0.42 * len(changes) + 1.2))
     for i, c in enumerate(changes):
         worse_sign = 1 if c["higher_is_worse"] else -1
-        colour = BAD if c["verdict"] == "regressed" else WARN if c["verdict"] == "inconclusive" else GOOD
-        marker = "X" if c["verdict"] == "regressed" else "D" if c["verdict"] == "inconclusive" else "o"
+        unsure = c["verdict"].startswith("inconclusive")
+        colour = BAD if c["verdict"] == "regressed" else WARN if unsure else GOOD
+        marker = "X" if c["verdict"] == "regressed" else "D" if unsure else "o"
         y = len(changes) - 1 - i
-        ax.plot([100 * c["ci_low"], 100 * c["ci_high"]], [y, y], color=colour, linewidth=2.5)
+        if c.get("ci_low") is not None:  # no interval: one run a side, or the vllm-ci policy
+            ax.plot([100 * c["ci_low"], 100 * c["ci_high"]], [y, y], color=colour, linewidth=2.5)
         ax.scatter([100 * c["change"]], [y], color=colour, marker=marker, s=36, zorder=3)
         ax.plot([100 * worse_sign * c["threshold"]] * 2, [y - 0.35, y + 0.35], color="#444", linestyle="--",
                 linewidth=1)

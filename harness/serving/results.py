@@ -74,11 +74,11 @@ SCHEMA_FILE = Path(__file__).with_name("bench_results.schema.json")
 _MAX_INT = 2**53  # beyond this JSON integers stop being exact floats
 
 
-@functools.lru_cache(maxsize=1)
-def _validator():
+@functools.lru_cache(maxsize=4)
+def _validator(schema_file: Path = SCHEMA_FILE):
     import jsonschema
 
-    schema = json.loads(SCHEMA_FILE.read_text())
+    schema = json.loads(Path(schema_file).read_text())
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)
@@ -106,8 +106,8 @@ def _where(error) -> str:
     return path.lstrip(".") or "the top level"
 
 
-def validate(data, name: str) -> dict:
-    """`data` as a bench results dict, or UsageError naming the first thing wrong, in one line."""
+def validate(data, name: str, schema_file: Path = SCHEMA_FILE, what: str = "bench results file") -> dict:
+    """`data` checked against a shipped schema, or UsageError naming the first thing wrong, in one line."""
     if isinstance(data, dict) and isinstance(data.get("schema_version"), int) and not isinstance(data["schema_version"], bool) \
             and data["schema_version"] > SCHEMA_VERSION:
         raise UsageError(f"{name}: schema_version {data['schema_version']} is newer than this harness reads "
@@ -115,20 +115,19 @@ def validate(data, name: str) -> dict:
     import jsonschema
 
     try:
-        error = jsonschema.exceptions.best_match(_validator().iter_errors(data))
+        error = jsonschema.exceptions.best_match(_validator(schema_file).iter_errors(data))
     except RecursionError:
         raise UsageError(f"{name}: not a results file (JSON nested too deeply)") from None
     if error is not None:
         message = " ".join(error.message.split())
         if len(message) > 160:
             message = message[:157] + "..."
-        raise UsageError(f"{name}: not a valid bench results file (schema_version {SCHEMA_VERSION}): "
-                         f"{_where(error)}: {message}")
+        raise UsageError(f"{name}: not a valid {what} (schema_version {SCHEMA_VERSION}): {_where(error)}: {message}")
     return data
 
 
-def load(path: str | Path) -> dict:
-    """Read and validate one results file; every problem is a UsageError of one line (exit 2)."""
+def read_json(path: str | Path):
+    """The JSON value in a file; every way it can fail is a UsageError of one line (exit 2)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -141,7 +140,7 @@ def load(path: str | Path) -> dict:
     if not raw.strip():
         raise UsageError(f"{path}: empty file, not a results JSON")
     try:
-        data = json.loads(raw.decode("utf-8"), parse_float=_finite_float, parse_int=_bounded_int,
+        return json.loads(raw.decode("utf-8"), parse_float=_finite_float, parse_int=_bounded_int,
                           parse_constant=_no_constant)
     except UnicodeDecodeError:
         raise UsageError(f"{path}: not JSON (not UTF-8 text)") from None
@@ -151,7 +150,11 @@ def load(path: str | Path) -> dict:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = " (truncated? the file ends early)" if "Expecting" in text and raw.rstrip()[-1:] not in (b"}", b"]") else ""
         raise UsageError(f"{path}: not JSON{hint}: {text}") from None
-    return validate(data, str(path))
+
+
+def load(path: str | Path) -> dict:
+    """Read and validate one bench results file; every problem is a UsageError of one line (exit 2)."""
+    return validate(read_json(path), str(path))
 
 
 def same_results(paths: list[str]) -> tuple[str, str] | None:
