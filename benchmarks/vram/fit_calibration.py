@@ -166,7 +166,7 @@ def worst(rows, calibration=None, n=15):
 
 
 def train_rows(paths):
-    from harness.memory.train_matrix import load_rows as load_train
+    from harness.memory.matrix import load_matrix as load_train
 
     rows, _ = load_train(paths)
     return [r for r in rows if r.get("role") == "matrix" and measured(r) is not None]

@@ -430,8 +430,8 @@ MEASURED_DIR = Path(__file__).resolve().parents[2] / "suites" / "vram" / "measur
 
 
 def load_matrix(paths=None) -> tuple[list[dict], dict]:
-    """Rows (and the environment of the first file) from rows-*.json files; by default the
-    committed matrix under suites/vram/measured/matrix/."""
+    """Rows (and the environment of the first file) from rows files; by default the committed
+    matrix under suites/vram/measured/matrix/."""
     if paths is None:
         paths = sorted((MEASURED_DIR / "matrix").glob("rows-*.json"))
     rows: list[dict] = []

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic
+from .matrix import load_matrix
 
 TARGET_SETS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "all": ("all-linear",)}
 STEPS = 3
@@ -244,19 +245,9 @@ TRUTH_DIR = Path(__file__).resolve().parents[2] / "suites" / "vram" / "measured"
 HOLDOUT_ARCHS = ("phi-3-mini-4k", "qwen2.5-3b")
 
 
-def load_rows(paths) -> tuple[list[dict], dict]:
-    rows: list[dict] = []
-    env: dict = {}
-    for p in paths:
-        data = json.loads(Path(p).read_text())
-        env = env or data.get("environment", {})
-        rows += data["rows"]
-    return rows, env
-
-
 def load_truth() -> tuple[list[dict], dict]:
     """The committed H200 rows of the fresh-process training matrix and boundary cases."""
-    return load_rows([TRUTH_DIR / "train_rows.json"])
+    return load_matrix([TRUTH_DIR / "train_rows.json"])
 
 
 @dataclass
