@@ -35,9 +35,9 @@ FEATURES = {  # physically meaningful terms only: fewer features generalise to u
     # checkpointing keeps each layer's input; backward recomputes one layer at a time (with the
     # LoRA inputs of that layer's wrapped modules); gradients of the adapter build up in backward
     "train/gc": ["const", "L_tok_h", "tok_h", "tok_i", "tok_qkv", "tok_lora_in", "tok_v", "scores", "grads"],
-    # without it every layer's activations stay until backward reaches them, and every wrapped
-    # module keeps its dropped-out input
-    "train/nogc": ["const", "L_tok_h", "L_tok_i", "L_tok_qkv", "L_tok_lora_in", "L_scores", "tok_v", "grads"],
+    # without it every layer's activations stay until backward reaches them (the wrapped modules'
+    # LoRA inputs are exact: estimate.saved_activations)
+    "train/nogc": ["const", "L_tok_h", "L_tok_i", "L_tok_qkv", "L_scores", "tok_v", "grads"],
 }
 
 
@@ -99,7 +99,7 @@ def fit(rows, keys=None):
             q = query(r)
             if q.mode == "train":  # weights, LoRA weights and optimizer states are exact
                 parts = E.train_parts(shape, q)
-                fixed, feats = parts["static"], parts["features"]
+                fixed, feats = parts["static"] + sum(parts["saved"].values()), parts["features"]
             else:
                 fixed = E.estimate(shape, q, calibration={key: {}}).peak_bytes
                 feats = E.features_for(shape, q)
@@ -114,7 +114,7 @@ def fit(rows, keys=None):
 def _target(r):
     shape = E.model_shape(r["arch"])
     parts = E.train_parts(shape, query(r))
-    return parts["static"], parts["features"]
+    return parts["static"] + sum(parts["saved"].values()), parts["features"]
 
 
 def fit_phases(key, group, spec, iterations=30):

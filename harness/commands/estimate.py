@@ -102,16 +102,20 @@ def run(args: argparse.Namespace) -> int:
                     q = E.Query(p, m, seq_len=s, batch=b, new_tokens=new_tokens, lora_r=lora_r,
                                 lora_targets=targets, grad_checkpointing=args.grad_checkpointing,
                                 optimizer=optimizer)
-                    obj = E.estimate(shape, q).as_dict()
+                    est = E.estimate(shape, q)
+                    obj = est.as_dict()
                     # what the card needs: the allocator peak + its reserve + the CUDA context
                     obj["context_bytes"] = context
                     obj["card_bytes"] = obj["peak_bytes"] + obj["reserve_bytes"] + context
                     if budget is not None:
                         headroom = B.default_headroom(m)
                         obj["budget_bytes"] = budget
-                        obj["fits"] = B.fits(obj["peak_bytes"], budget, context, headroom)
+                        obj["fits"] = B.fits(est.planned_bytes, budget, context, headroom)
                         obj["verdict"] = ("fits: " if obj["fits"] else "does not fit: ") + B.need_text(
-                            "it", obj["peak_bytes"], budget, context, headroom).replace("it need ", "the peak is ", 1)
+                            "it", est.planned_bytes, budget, context, headroom).replace("it need ", "the peak is ", 1)
+                        if est.fragmentation_bytes:
+                            obj["verdict"] += (f" (the peak counts {format_bytes(est.fragmentation_bytes)} kept "
+                                               f"free for fragmentation by attention score blocks)")
                     results.append(obj)
     if note:
         print(f"note: {note}", file=sys.stderr)

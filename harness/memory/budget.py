@@ -209,14 +209,14 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
     ref = min(reference_seq_len, limit)
     plans = []
     for p in precisions:
-        def peak(seq: int, batch: int) -> int:
+        def peak(seq: int, batch: int) -> int:  # the planned bytes: peak + fragmentation allowance
             if train:
                 q = Query(p, "train", seq_len=seq, batch=batch, lora_r=lora_r, lora_targets=tuple(lora_targets),
                           grad_checkpointing=grad_checkpointing, optimizer=optimizer)
             else:  # context = prompt + generated tokens
                 prompt = max(1, seq - new_tokens)
                 q = Query(p, "generate", seq_len=prompt, batch=batch, new_tokens=seq - prompt)
-            return estimate(shape, q).peak_bytes
+            return estimate(shape, q).planned_bytes
 
         w = weight_bytes(shape, p)
         ok_seq = lambda s: fits(peak(s, 1), budget_bytes, context_bytes, headroom)  # noqa: E731

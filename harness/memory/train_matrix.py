@@ -245,9 +245,21 @@ TRUTH_DIR = Path(__file__).resolve().parents[2] / "suites" / "vram" / "measured"
 HOLDOUT_ARCHS = ("phi-3-mini-4k", "qwen2.5-3b")
 
 
-def load_truth() -> tuple[list[dict], dict]:
-    """The committed H200 rows of the fresh-process training matrix and boundary cases."""
-    return load_matrix([TRUTH_DIR / "train_rows.json"])
+# The runs, in order: the matrix and first boundary cases (the fit's rows), then the validation
+# run drawn after the estimator was fixed (memory_truth.py --validation: fresh boundary cases,
+# held-out architectures without checkpointing, the first run's misses again uncapped).
+TRUTH_RUNS = {"run1": TRUTH_DIR / "train_rows.json", "validation": TRUTH_DIR / "validation" / "train_rows.json"}
+
+
+def load_truth(runs=tuple(TRUTH_RUNS)) -> tuple[list[dict], dict]:
+    """The committed H200 rows of the fresh-process training runs, each row tagged with its run."""
+    rows: list[dict] = []
+    env: dict = {}
+    for run in runs:
+        got, run_env = load_matrix([TRUTH_RUNS[run]])
+        env = env or run_env
+        rows += [dict(r, run=run) for r in got]
+    return rows, env
 
 
 @dataclass
@@ -260,14 +272,23 @@ class TrainingSummary:
                 if (archs is None or r["arch"] in archs) and (targets is None or r["targets"] == targets)
                 and (gc is None or r["grad_checkpointing"] is gc)]
 
+    def boundary_of(self, run: str | None = None) -> list[dict]:
+        return [r for r in self.boundary if run is None or r.get("run") == run]
+
+    def agreement_of(self, run: str | None = None) -> float:
+        rows = self.boundary_of(run)
+        return sum(r["planner_fits"] == r["actually_fits"] for r in rows) / len(rows) if rows else float("nan")
+
+    def false_fits_of(self, run: str | None = None) -> list[dict]:
+        return [r for r in self.boundary_of(run) if r["planner_fits"] and not r["actually_fits"]]
+
     @property
     def agreement(self) -> float:
-        ok = sum(r["planner_fits"] == r["actually_fits"] for r in self.boundary)
-        return ok / len(self.boundary) if self.boundary else float("nan")
+        return self.agreement_of()
 
     @property
     def false_fits(self) -> list[dict]:
-        return [r for r in self.boundary if r["planner_fits"] and not r["actually_fits"]]
+        return self.false_fits_of()
 
 
 def evaluate_training(rows: list[dict], calibration: dict | None = None) -> TrainingSummary:
@@ -283,10 +304,11 @@ def evaluate_training(rows: list[dict], calibration: dict | None = None) -> Trai
         if row.get("error"):
             continue
         shape = shapes.setdefault(row["arch"], model_shape(row["arch"]))
-        pred = estimate(shape, row_query(row), calibration).peak_bytes
+        est = estimate(shape, row_query(row), calibration)
+        pred = est.peak_bytes
         if row.get("role") == "boundary":
-            boundary.append(dict(row, predicted=pred, actually_fits=not row["oom"],
-                                 planner_fits=fits(pred, row["budget_bytes"], row["context_bytes"],
+            boundary.append(dict(row, predicted=pred, planned=est.planned_bytes, actually_fits=not row["oom"],
+                                 planner_fits=fits(est.planned_bytes, row["budget_bytes"], row["context_bytes"],
                                                    default_headroom("train"))))
         elif row.get("peak_bytes") and not row.get("oom"):
             matrix.append(dict(row, predicted=pred, error=(pred - row["peak_bytes"]) / row["peak_bytes"]))

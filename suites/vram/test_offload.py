@@ -41,7 +41,8 @@ def test_offloaded_model_runs_within_the_budget(settings, device, tmp_path_facto
             path = spec
         h2d, d2d = measure_h2d(device), measure_d2d(device)
     torch.cuda.empty_cache()
-    bw = O.Bandwidths(h2d_gbps=h2d["pageable_gbps"], h2d_source="measured here (pageable)",
+    h2d_gbps, what = O.offload_h2d(h2d)
+    bw = O.Bandwidths(h2d_gbps=h2d_gbps, h2d_source=f"{what}, measured here",
                       device_gbps=d2d["gbps"], device_source="measured here")
     plan = O.plan_offload(path, budget, "bf16", context_bytes=cuda_context_bytes(device), seq_len=256,
                           new_tokens=32, bandwidths=bw)
@@ -68,31 +69,43 @@ def test_offloaded_model_runs_within_the_budget(settings, device, tmp_path_facto
                       f"{row['decode_ms_per_token']:.0f} ({err:+.0%}, goal within {GOAL:.0%})", stacklevel=1)
 
 
-def test_measured_offload_on_the_h200(record):
-    """The committed H200 run (benchmarks/vram/memory_truth.py): qwen2.5-7b bf16 all on the GPU and
-    placed by plan_offload for 6 and 10 GiB, loaded under those emulated budgets. The prediction
-    is recomputed from the placement's bytes and the bandwidths measured in that run."""
+OFFLOAD_RUNS = {  # the committed H200 runs of benchmarks/vram/memory_truth.py, oldest first
+    "run1": "offload_rows.json",  # h2d measured as one 512 MiB pageable copy
+    "validation": "validation/offload_rows.json",  # ... and from a mapped file (another machine)
+    "offload2": "offload2/offload_rows.json",  # ... and tensor by tensor, as the hooks copy
+}
+
+
+@pytest.mark.parametrize("run", list(OFFLOAD_RUNS))
+def test_measured_offload_on_the_h200(run, record):
+    """qwen2.5-7b bf16 all on the GPU and placed by plan_offload for 6 and 10 GiB, loaded under
+    those emulated budgets. The prediction is recomputed from the placement's bytes and the best
+    host-to-device figure that run measured (offload.offload_h2d); its error is recorded (a timing
+    is a benchmark figure, quoted in suites/vram/measured/README.md, not asserted)."""
     import json
 
     from harness.memory import offload as O
     from harness.memory.train_matrix import TRUTH_DIR
 
-    rows = json.loads((TRUTH_DIR / "offload_rows.json").read_text())["rows"]
+    rows = json.loads((TRUTH_DIR / OFFLOAD_RUNS[run]).read_text())["rows"]
     bw_row = next(r for r in rows if r["kind"] == "bandwidth")
-    bw = O.Bandwidths(h2d_gbps=bw_row["pageable_gbps"], device_gbps=bw_row["d2d_gbps"])
+    h2d, what = O.offload_h2d({"gbps": bw_row["pinned_gbps"], **bw_row})
+    bw = O.Bandwidths(h2d_gbps=h2d, h2d_source=what, device_gbps=bw_row["d2d_gbps"])
     all_gpu = next(r for r in rows if r["kind"] == "all_gpu")
     placed = [r for r in rows if r["kind"] == "offload"]
     assert len(placed) >= 2
+    errors = []
     for r in placed:
         plan = r["plan"]
         on = {"gpu": plan["bytes_on_gpu"], "cpu": plan["bytes_on_cpu"], "disk": plan["bytes_on_disk"]}
         predicted = O.predict_decode_ms(on, sum(plan["layers_on"].values()), bw)
         err = (predicted - r["decode_ms_per_token"]) / r["decode_ms_per_token"]
+        errors.append(err)
         record.row("VRAM: offloaded decode (H200, qwen2.5-7b bf16)", {
-            "budget": format_bytes(r["budget_bytes"]), "on GPU": format_bytes(on["gpu"]),
-            "on CPU": format_bytes(on["cpu"]), "predicted ms/token": round(predicted, 1),
-            "measured ms/token": r["decode_ms_per_token"], "error": f"{err:+.0%}",
-            "tokens/s": r["tokens_per_s"], "all-GPU tokens/s": all_gpu["tokens_per_s"]})
+            "run": run, "h2d used": f"{h2d:.1f} GB/s ({what})", "budget": format_bytes(r["budget_bytes"]),
+            "on GPU": format_bytes(on["gpu"]), "on CPU": format_bytes(on["cpu"]),
+            "predicted ms/token": round(predicted, 1), "measured ms/token": r["decode_ms_per_token"],
+            "error": f"{err:+.0%}", "tokens/s": r["tokens_per_s"], "all-GPU tokens/s": all_gpu["tokens_per_s"]})
         # the placement ran inside the emulated card, and costs what offload costs
         assert not r["oom"] and "error" not in r
         cap = r["budget_bytes"] - r["context_bytes"]
@@ -100,5 +113,5 @@ def test_measured_offload_on_the_h200(record):
         assert r["tokens_per_s"] < all_gpu["tokens_per_s"] / 10
         # host RAM: the offloaded weights are there (RSS also counts the mapped checkpoint's pages)
         assert r["rss_end_bytes"] >= on["cpu"]
-    record(pageable_h2d_gbps=bw_row["pageable_gbps"], pinned_h2d_gbps=bw_row["pinned_gbps"],
-           all_gpu_ms=all_gpu["decode_ms_per_token"])
+    record(h2d_gbps_used=h2d, h2d_source=what, errors=errors, all_gpu_ms=all_gpu["decode_ms_per_token"],
+           **{k: bw_row.get(k) for k in ("pinned_gbps", "pageable_gbps", "mmap_gbps", "offload_gbps")})

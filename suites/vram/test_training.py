@@ -4,8 +4,10 @@ Every row is one fresh process running the common recipe: from_pretrained ->
 prepare_model_for_kbit_training (or gradient checkpointing + enable_input_require_grads for bf16)
 -> get_peft_model -> model.train() -> three optimizer steps, over LoRA targets (attention-only and
 all-linear), ranks 8/16/64, checkpointing on/off, batch 1/2/4, 256-4096 tokens and three optimizers.
-The estimator's training coefficients were fitted without phi-3-mini-4k and qwen2.5-3b: their rows
-are out of sample. The boundary rows ran with the allocator capped like a 6 GiB card.
+The estimator's training coefficients were fitted to run 1 without phi-3-mini-4k and qwen2.5-3b:
+their rows are out of sample, and so is every row of the validation run (drawn after the fit and
+the estimator's exact terms were fixed). The boundary rows ran with the allocator capped like a
+6 GiB card.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from harness.memory.train_matrix import HOLDOUT_ARCHS, TARGET_SETS, evaluate_tra
 from harness.units import format_bytes
 
 MEDIAN_GOAL = 0.03  # issue 13: median |error| out of sample, checkpointing on and off each
-WORST_TOLERANCE = 0.12  # the suite's worst-case bound (the issue's goal is 10%: see the README)
+WORST_GOAL = 0.10
 AGREEMENT = 0.95
 
 
@@ -85,41 +87,49 @@ def test_optimizer_states_are_exact(truth):
 
 @pytest.mark.parametrize("gc", [True, False], ids=["checkpointing", "no-checkpointing"])
 def test_training_estimate_out_of_sample(truth, gc, record):
-    """Held-out architectures (all recipes, and the attention-only recipe alone)."""
+    """Held-out architectures (all recipes, and the attention-only recipe alone), over both runs:
+    the validation run was drawn after the estimator's exact terms were written."""
     _, _, s = truth
     for r in s.rows:
         if r["arch"] in HOLDOUT_ARCHS and r["grad_checkpointing"] is gc:
             record.row("VRAM: training, held-out architectures (H200)", {
-                "arch": r["arch"], "precision": r["precision"], "targets": r["targets"], "r": r["lora_r"],
-                "grad ckpt": gc, "batch": r["batch"], "seq": r["seq_len"], "optimizer": r["optimizer"],
-                "measured": format_bytes(r["peak_bytes"]), "predicted": format_bytes(r["predicted"]),
-                "error": f"{r['error']:+.1%}"})
+                "run": r["run"], "arch": r["arch"], "precision": r["precision"], "targets": r["targets"],
+                "r": r["lora_r"], "grad ckpt": gc, "batch": r["batch"], "seq": r["seq_len"],
+                "optimizer": r["optimizer"], "measured": format_bytes(r["peak_bytes"]),
+                "predicted": format_bytes(r["predicted"]), "error": f"{r['error']:+.1%}"})
     held = s.errors(HOLDOUT_ARCHS, gc=gc)
     attn = s.errors(HOLDOUT_ARCHS, "attn", gc=gc)
     fitted = s.errors([a for a in {r["arch"] for r in s.rows} if a not in HOLDOUT_ARCHS], gc=gc)
     record(held_out_rows=len(held), median=statistics.median(held), worst=max(held),
-           attention_only_rows=len(attn), attention_only_worst=max(attn), in_sample_worst=max(fitted))
+           attention_only_rows=len(attn), attention_only_worst=max(attn), fit_architectures_worst=max(fitted))
     assert len(held) >= 10 and attn
     assert statistics.median(held) <= MEDIAN_GOAL
-    assert max(held) <= WORST_TOLERANCE
+    assert max(held) <= WORST_GOAL
+    assert max(fitted) <= WORST_GOAL  # fresh rows of the fit's architectures too (the validation run)
 
 
-def test_plan_train_verdicts_against_real_oom(truth, record):
-    """Fresh cases near the 6 GiB boundary, run with the allocator capped at 6 GiB - context:
-    the verdict `plan --train` gives (peak + 5.7% reserve + context) against what happened."""
-    _, _, s = truth
-    for r in s.boundary:
-        record.row("VRAM: training under an emulated 6 GiB (H200)", {
+def _boundary_rows(record, s, run: str) -> None:
+    for r in s.boundary_of(run):
+        record.row(f"VRAM: training under an emulated 6 GiB (H200, {run})", {
             "arch": r["arch"], "precision": r["precision"], "targets": r["targets"], "r": r["lora_r"],
             "grad ckpt": r["grad_checkpointing"], "batch": r["batch"], "seq": r["seq_len"],
             "optimizer": r["optimizer"], "predicted": format_bytes(r["predicted"]),
             "plan says": "fits" if r["planner_fits"] else "no", "ran": "fit" if r["actually_fits"] else "OOM"})
-    false_fits = [f"{r['arch']} {r['precision']} {r['targets']} b{r['batch']} s{r['seq_len']}" for r in s.false_fits]
-    record(cases=len(s.boundary), agreement=s.agreement, predicted_fit_but_oomed=false_fits)
-    assert len(s.boundary) >= 30
-    assert {r["actually_fits"] for r in s.boundary} == {True, False}  # near the boundary, both happen
-    assert s.agreement >= AGREEMENT
-    # One case of the H200 run is a predicted fit that ran out: tinyllama nf4-dq all-linear batch 4 x
-    # 1024 (predicted peak 84% of the cap) failed with 94% of the cap reserved: fp32 GQA attention
-    # scores (0.5 GB blocks) fragment the capped allocator. No other case may join it.
-    assert len(s.false_fits) <= 1, false_fits
+
+
+@pytest.mark.parametrize("run", ["run1", "validation"])
+def test_plan_train_verdicts_against_real_oom(truth, run, record):
+    """Cases near the 6 GiB boundary, each run with the allocator capped at 6 GiB - context: the
+    verdict `plan --train` gives (peak + fragmentation allowance, + 5.7% reserve + context) against
+    what happened. The allowance (estimate.FRAGMENTATION_BLOCKS) was chosen on run 1's 42 cases;
+    the validation run's 40 were drawn after it was fixed, half on each side of the verdict."""
+    _, _, s = truth
+    _boundary_rows(record, s, run)
+    rows = s.boundary_of(run)
+    false_fits = [f"{r['arch']} {r['precision']} {r['targets']} b{r['batch']} s{r['seq_len']}"
+                  for r in s.false_fits_of(run)]
+    record(cases=len(rows), agreement=s.agreement_of(run), predicted_fit_but_oomed=false_fits)
+    assert len(rows) >= 30
+    assert {r["actually_fits"] for r in rows} == {True, False}  # near the boundary, both happen
+    assert s.agreement_of(run) >= AGREEMENT
+    assert not false_fits
