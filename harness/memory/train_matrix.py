@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic
-from .matrix import load_matrix
+from .matrix import load_matrix, optimizer_steps
 
 TARGET_SETS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "all": ("all-linear",)}
 STEPS = 3
@@ -175,16 +175,10 @@ def run_case(case: TrainCase, model_dir: str | Path, device: str = "cuda:0") -> 
         ids = torch.randint(3, vocab - 1, (case.batch, case.seq_len), generator=g).to(device)
         run.phase = "train"
         tracker = MemoryTracker(device, interval_s=0.02)  # a dozen cases share the CPUs
-        losses = []
+        losses: list[float] = []
         try:
             with tracker:
-                for _ in range(case.steps):
-                    out = model(input_ids=ids, labels=ids)
-                    out.loss.backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    losses.append(float(out.loss.detach()))
-                    del out
+                losses = optimizer_steps(model, opt, ids, case.steps)
         finally:
             m = tracker.result
             row.update(peak_bytes=m.peak_bytes, reserved_peak_bytes=m.reserved_peak_bytes,
