@@ -794,14 +794,15 @@ def fragmentation_bytes(shape: ModelShape, q: Query) -> int:
 # each wrapped module keeps the fp32 dropout output (for lora_A's weight gradient) and its bool
 # mask, 5 bytes per input element, plus lora_A's fp32 output (for lora_B's). The fits of run 1
 # found the same without being told: 5.01 bytes (bf16 bases) and 5.05 (4-bit bases).
-LORA_INPUT_BYTES = 4 + 1
+LORA_INPUT_BYTES = 4  # the fp32 dropout output, per input element
+LORA_MASK_BYTES = 1  # its bool mask
 
 
 def saved_activations(shape: ModelShape, q: Query) -> dict[str, int]:
     """Without checkpointing, what autograd keeps in every layer that follows from the layout
     alone (exact terms, not fitted):
-    - the LoRA inputs of every wrapped module (LORA_INPUT_BYTES per element, and the rank-wide
-      lora_A output);
+    - the LoRA inputs of every wrapped module (LORA_INPUT_BYTES + LORA_MASK_BYTES per element,
+      and the rank-wide lora_A output);
     - fused q/k/v: query, key and value are slices of one qkv tensor; SDPA saves the value view,
       which keeps the whole tensor alive, query and key parts included (separate q/k projections
       free theirs once rotary embedding has made new tensors);
@@ -813,7 +814,8 @@ def saved_activations(shape: ModelShape, q: Query) -> dict[str, int]:
     act = _train_act_bytes(q.precision)
     tok = q.batch * q.seq_len
     targets = resolve_lora_targets(shape, q.lora_targets)
-    lora = sum(g.count * (_blocks(tok * g.in_features * 4) + _blocks(tok * g.in_features)
+    lora = sum(g.count * (_blocks(tok * g.in_features * LORA_INPUT_BYTES)
+                          + _blocks(tok * g.in_features * LORA_MASK_BYTES)
                           + _blocks(tok * q.lora_r * 4)) for g in targets.groups)
     qk = tok * (shape.heads + shape.kv_heads) * shape.head_dim * act if shape.fused_qkv else 0
     masked = shape.sliding_window is not None and q.seq_len >= shape.sliding_window
