@@ -194,3 +194,25 @@ def test_bandwidths_come_from_the_hw_suites_results(tmp_path, capsys):
                 "predicted_decode_ms", "predicted_tokens_per_s", "h2d_gbps", "reason"):
         assert key in off
     assert off["h2d_gbps"] == 11.0 and off["offloaded"] and data["plans"]  # the usual plan stays
+
+
+def test_training_verdicts_keep_room_for_attention_score_fragmentation(capsys):
+    """nf4 training of a grouped-query model materialises fp32 attention scores (SDPA's math
+    kernel): estimate and plan keep 1.5 such blocks free beyond the peak and say so; an MHA model
+    (phi-3) and bf16 training keep none."""
+    o = run_json(capsys, "estimate", "--config", "llama-3.2-1b", "--precision", "nf4-dq", "--mode", "train",
+                 "--seq-len", "1024", "--batch", "2", "--budget", "6GiB")[0]
+    shape = E.model_shape("llama-3.2-1b")
+    assert o["fragmentation_bytes"] == int(E.FRAGMENTATION_BLOCKS * 2 * shape.heads * 1024 * 1024 * 4)
+    assert "kept free for the holes fp32 attention-score blocks leave" in o["verdict"]
+    for config, precision in (("phi-3-mini-4k", "nf4-dq"), ("llama-3.2-1b", "bf16")):
+        o = run_json(capsys, "estimate", "--config", config, "--precision", precision, "--mode", "train",
+                     "--seq-len", "1024", "--budget", "6GiB")[0]
+        assert o["fragmentation_bytes"] == 0 and "kept free" not in o["verdict"]
+    plan = run_json(capsys, "plan", "--config", "llama-3.2-1b", "--budget", "6GiB", "--train", "--precision", "nf4-dq")
+    p = plan["plans"][0]
+    assert p["limited_by"] == "memory" and "kept free for the holes" in p["reason"]
+    # the limit is where peak + allowance stops fitting, not the bare peak
+    at = E.estimate(shape, E.Query("nf4-dq", "train", seq_len=p["max_seq_len"] + 1))
+    assert not B.fits(at.planned_bytes, plan["budget_bytes"], plan["context_bytes"], p["headroom"])
+    assert B.fits(at.peak_bytes, plan["budget_bytes"], plan["context_bytes"], p["headroom"])

@@ -112,10 +112,8 @@ def run(args: argparse.Namespace) -> int:
                         obj["budget_bytes"] = budget
                         obj["fits"] = B.fits(est.planned_bytes, budget, context, headroom)
                         obj["verdict"] = ("fits: " if obj["fits"] else "does not fit: ") + B.need_text(
-                            "it", est.planned_bytes, budget, context, headroom).replace("it need ", "the peak is ", 1)
-                        if est.fragmentation_bytes:
-                            obj["verdict"] += (f" (the peak counts {format_bytes(est.fragmentation_bytes)} kept "
-                                               f"free for fragmentation by attention score blocks)")
+                            "it", est.planned_bytes, budget, context, headroom, B.fragmentation_note(est)).replace(
+                            "it need ", "it needs " if est.fragmentation_bytes else "the peak is ", 1)
                     results.append(obj)
     if note:
         print(f"note: {note}", file=sys.stderr)

@@ -121,10 +121,19 @@ def usable_text(budget_bytes: int, context_bytes: int, headroom: float, need: in
             f"{headroom:.1%} headroom".replace(".0%", "%"))
 
 
-def need_text(what: str, need: int, budget_bytes: int, context_bytes: int, headroom: float) -> str:
-    """'2048 tokens need 5.52 GiB; 5.44 GiB is usable after the 400 MiB CUDA context and 3% headroom'."""
+def fragmentation_note(est) -> str:
+    """' (a 4.86 GiB peak + 457 MiB kept free for ...)' when the estimate keeps fragmentation room."""
+    if not est.fragmentation_bytes:
+        return ""
+    return (f" (a {_size(est.peak_bytes)} peak + {_size(est.fragmentation_bytes)} kept free for the holes "
+            f"fp32 attention-score blocks leave)")
+
+
+def need_text(what: str, need: int, budget_bytes: int, context_bytes: int, headroom: float, note: str = "") -> str:
+    """'2048 tokens need 5.52 GiB; 5.44 GiB is usable after the 400 MiB CUDA context and 3% headroom'
+    (`note` follows the need)."""
     usable = usable_for_peak(budget_bytes, context_bytes, headroom)
-    return f"{what} need {_size(need, usable)}; {usable_text(budget_bytes, context_bytes, headroom, need)}"
+    return f"{what} need {_size(need, usable)}{note}; {usable_text(budget_bytes, context_bytes, headroom, need)}"
 
 
 @dataclass(frozen=True)
@@ -209,14 +218,20 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
     ref = min(reference_seq_len, limit)
     plans = []
     for p in precisions:
-        def peak(seq: int, batch: int) -> int:  # the planned bytes: peak + fragmentation allowance
+        def est(seq: int, batch: int):
             if train:
                 q = Query(p, "train", seq_len=seq, batch=batch, lora_r=lora_r, lora_targets=tuple(lora_targets),
                           grad_checkpointing=grad_checkpointing, optimizer=optimizer)
             else:  # context = prompt + generated tokens
                 prompt = max(1, seq - new_tokens)
                 q = Query(p, "generate", seq_len=prompt, batch=batch, new_tokens=seq - prompt)
-            return estimate(shape, q).planned_bytes
+            return estimate(shape, q)
+
+        def peak(seq: int, batch: int) -> int:  # the planned bytes: peak + fragmentation allowance
+            return est(seq, batch).planned_bytes
+
+        def kept_free(seq: int) -> str:
+            return fragmentation_note(est(seq, 1))
 
         w = weight_bytes(shape, p)
         ok_seq = lambda s: fits(peak(s, 1), budget_bytes, context_bytes, headroom)  # noqa: E731
@@ -242,7 +257,8 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
                           f"max_position_embeddings): " + need(f"{limit} tokens", at_max))
         else:
             limited_by = "memory"
-            reason = need(f"{best_seq + 1} tokens", peak(best_seq + 1, 1))
+            reason = need_text(f"{best_seq + 1} tokens", peak(best_seq + 1, 1), budget_bytes, context_bytes, headroom,
+                               kept_free(best_seq + 1))
         if best_batch is None:
             reason += f"; batch 1 at {ref} tokens does not fit"
         plans.append(PrecisionPlan(p, mode, True, w, best_seq, best_batch, ref, at_max, reason,
