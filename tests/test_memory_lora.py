@@ -148,13 +148,21 @@ def fit_calibration():
     return fit
 
 
-def _fit_rows(fit_calibration):
-    from harness.memory.train_matrix import HOLDOUT_ARCHS, TRUTH_RUNS
+@pytest.fixture(scope="module")
+def run1_rows(fit_calibration):
+    """The committed H200 rows of the fresh-process training matrix (run 1), read once."""
+    from harness.memory.train_matrix import TRUTH_RUNS
 
-    return [r for r in fit_calibration.train_rows([TRUTH_RUNS["run1"]]) if r["arch"] not in HOLDOUT_ARCHS]
+    return fit_calibration.train_rows([TRUTH_RUNS["run1"]])
 
 
-def test_committed_calibration_is_the_fit_without_the_holdouts(fit_calibration):
+def _fit_rows(rows):
+    from harness.memory.train_matrix import HOLDOUT_ARCHS
+
+    return [r for r in rows if r["arch"] not in HOLDOUT_ARCHS]
+
+
+def test_committed_calibration_is_the_fit_without_the_holdouts(fit_calibration, run1_rows):
     """Refit the training keys from the committed H200 rows, leaving the held-out architectures
     out: the coefficients in estimate.CALIBRATION predict every run-1 row, held-out ones included,
     as that fit does (so the held-out figures of suites/vram are out of sample).
@@ -164,13 +172,11 @@ def test_committed_calibration_is_the_fit_without_the_holdouts(fit_calibration):
     (Haswell gives tok_i 0.678, AVX-512 SkylakeX 0.420) while every prediction moves by at most
     0.004% of the measured peak. A fit that saw the held-out architectures moves their
     predictions by up to 1.4%, so 0.05% tells the two apart."""
-    from harness.memory.train_matrix import TRUTH_RUNS
-
-    refit = fit_calibration.fit(_fit_rows(fit_calibration))
+    refit = fit_calibration.fit(_fit_rows(run1_rows))
     assert set(refit) == {k for k in E.CALIBRATION if k.startswith("train/")}
     refitted = dict(E.CALIBRATION, **refit)
     drift = []
-    for row in fit_calibration.train_rows([TRUTH_RUNS["run1"]]):
+    for row in run1_rows:
         shape, query = E.model_shape(row["arch"]), fit_calibration.query(row)
         committed = E.estimate(shape, query).peak_bytes
         drift.append((abs(committed - E.estimate(shape, query, calibration=refitted).peak_bytes)
@@ -180,20 +186,15 @@ def test_committed_calibration_is_the_fit_without_the_holdouts(fit_calibration):
 
 
 @pytest.mark.parametrize("gc", [True, False], ids=["checkpointing", "no-checkpointing"])
-def test_attention_only_recipe_out_of_sample(fit_calibration, gc):
+def test_attention_only_recipe_out_of_sample(fit_calibration, run1_rows, gc):
     """The tutorials' recipe (LoRA on q/k/v/o only) held out of the fit as well: fitted on the
     all-linear rows alone, the estimator predicts every attention-only row of run 1 (all
     architectures) within the issue's goal. Without checkpointing this needs the exact LoRA-input
     term (estimate.saved_activations): all-linear inputs are a fixed mix of hidden and
     intermediate widths, so a fitted coefficient cannot tell them apart (it was 10.9% off)."""
-    import statistics
-
-    from harness.memory.train_matrix import TRUTH_RUNS
-
-    rows = fit_calibration.train_rows([TRUTH_RUNS["run1"]])
     calibration = dict(E.CALIBRATION)
-    calibration.update(fit_calibration.fit([r for r in _fit_rows(fit_calibration) if r["targets"] != "attn"]))
-    attn = [r for r in rows if r["targets"] == "attn" and r["grad_checkpointing"] is gc]
+    calibration.update(fit_calibration.fit([r for r in _fit_rows(run1_rows) if r["targets"] != "attn"]))
+    attn = [r for r in run1_rows if r["targets"] == "attn" and r["grad_checkpointing"] is gc]
     median, worst, n = fit_calibration.report(attn, calibration)
     assert n >= 15
     assert median <= 0.03 and worst <= 0.10, (median, worst)
