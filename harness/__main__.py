@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from .errors import HarnessError
+from .errors import HarnessError, one_line
 
 # command name -> (module under harness.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but bad usage is one line on stderr and exit code 2."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
 
 def _load(name: str):
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except HarnessError as exc:
-        print(f"harness {args.command}: error: {exc}", file=sys.stderr)
+        print(f"harness {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"harness {args.command}: interrupted", file=sys.stderr)

@@ -21,3 +21,9 @@ class CheckFailed(HarnessError):
 
 class UnsupportedError(UsageError):
     """A combination that cannot run here (e.g. 4-bit without bitsandbytes)."""
+
+
+def one_line(message: str) -> str:
+    """The message with its control characters escaped, so it stays one line: a results file's
+    field may hold a carriage return or a newline, and the CLI promises one line per error."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in message)

@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from harness.__main__ import main
 
@@ -125,8 +125,13 @@ def counts(request):
         Path(out).write_text(json.dumps({f"{c} exit {code}": n for (c, code), n in sorted(COUNTS.items())}, indent=1))
 
 
+# Found by the fuzzer: a model name holding a carriage return split the refusal over two lines.
+CARRIAGE_RETURN_MODEL = json.dumps({**VALID, "environment": {**VALID["environment"], "model_id": "\r"}})
+
+
 @FUZZ
 @given(content=file_contents, candidate_side=st.booleans())
+@example(content=CARRIAGE_RETURN_MODEL, candidate_side=False)
 def test_compare_never_raises(content, candidate_side):
     with tempfile.TemporaryDirectory() as tmp:
         fuzzed, good = Path(tmp) / "fuzzed.json", Path(tmp) / "good.json"
@@ -136,8 +141,13 @@ def test_compare_never_raises(content, candidate_side):
         _run("compare", pair + ["--min-repeats", "1"])
 
 
+# Found by the fuzzer: a pytest run's environment with "nvml": null crashed the Environment table.
+NULL_NVML_RUN = json.dumps({**PYTEST_RUN, "environment": {**PYTEST_RUN["environment"], "nvml": None}})
+
+
 @FUZZ
 @given(content=file_contents, compare=st.booleans())
+@example(content=NULL_NVML_RUN, compare=False)
 def test_report_never_raises(content, compare):
     with tempfile.TemporaryDirectory() as tmp:
         fuzzed, good = Path(tmp) / "fuzzed.json", Path(tmp) / "good.json"

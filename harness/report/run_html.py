@@ -120,8 +120,9 @@ def _environment(results: dict) -> str:
                      f"{'.'.join(str(x) for x in d['capability'])}, {fmt.value(d['total_memory'], 'total_memory')}"})
     vllm = env.get("vllm") or {}
     rows.append({"item": "vLLM", "value": vllm.get("version") or vllm.get("error") or "not probed"})
-    if env.get("nvml", {}).get("reason"):
-        rows.append({"item": "NVML", "value": env["nvml"]["reason"]})
+    nvml = env.get("nvml") or {}
+    if nvml.get("reason"):
+        rows.append({"item": "NVML", "value": nvml["reason"]})
     settings = [{"setting": k, "value": v} for k, v in (results.get("settings") or {}).items()]
     return (html.section("Environment", html.table("Probed stack", rows, open_=False,
                                                    summary="package versions, devices, vLLM")
