@@ -1,5 +1,6 @@
-"""How many malformed results files `report` and `compare` were fuzzed with, and how many
-tracebacks came out (must be 0): tests/test_serving_fuzz.py with many more examples than CI runs.
+"""How many malformed results files `report` and `compare` were fuzzed with, and how many of the
+fuzz properties failed (must be 0: a traceback, an exit code other than 0/1/2, or an error of more
+than one line fails one): tests/test_serving_fuzz.py with many more examples than CI runs.
 
 Run:  .venv/bin/python benchmarks/serving/fuzz_results.py [--examples 2000] [--out reports]
 Writes OUT/serving-fuzz.json and OUT/serving-fuzz.md.
@@ -39,16 +40,16 @@ def main() -> int:
                           cwd=ROOT, env=env, capture_output=True, text=True)
     minutes = (time.monotonic() - started) / 60
     counts = json.loads(counts_file.read_text()) if counts_file.is_file() else {}
-    # A traceback anywhere fails its hypothesis test (which then shrinks it to one example).
+    # A bad answer anywhere fails its hypothesis test (which then shrinks it to one example).
     failed = re.search(r"(\d+) failed", proc.stdout)
-    tracebacks = int(failed.group(1)) if failed else 0
+    failed_properties = int(failed.group(1)) if failed else 0
     figures = {"examples_per_command": args.examples, "inputs": sum(counts.values()), "by_command_and_exit": counts,
                "malformed_refused": sum(v for k, v in counts.items() if k.endswith("exit 2")),
-               "tracebacks": tracebacks, "pytest_exit": proc.returncode, "minutes": round(minutes, 1)}
-    (out / "serving-fuzz.json").write_text(json.dumps(figures, indent=1) + "\n")
+               "failed_properties": failed_properties, "pytest_exit": proc.returncode, "minutes": round(minutes, 1)}
+    write_text(out / "serving-fuzz.json", json.dumps(figures, indent=1) + "\n")
     lines = [f"Fuzzed `report` and `compare` in process: {figures['inputs']} inputs, "
              f"{figures['malformed_refused']} refused as malformed (exit 2, one line), "
-             f"{figures['tracebacks']} tracebacks; pytest exit {proc.returncode} ({minutes:.1f} min)", ""]
+             f"{figures['failed_properties']} failed properties; pytest exit {proc.returncode} ({minutes:.1f} min)", ""]
     lines += [f"- {k}: {v}" for k, v in sorted(counts.items())]
     write_text(out / "serving-fuzz.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
