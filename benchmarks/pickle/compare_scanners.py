@@ -123,7 +123,8 @@ def _table(files: list[dict], results: dict[str, dict[str, dict]]) -> tuple[str,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="compare check-dir with picklescan, modelscan, fickling")
-    parser.add_argument("--scanners-python", default=str(ROOT / ".venvs" / "scanners" / "bin" / "python"))
+    parser.add_argument("--scanners-python", type=lambda p: str(Path(p).absolute()),  # the peers run in a temp cwd
+                        default=str(ROOT / ".venvs" / "scanners" / "bin" / "python"))
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "pickle-scanners")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
