@@ -112,6 +112,7 @@ declare -A SETUP_MB=([harness]=2000 [vllm]=3500 [llmcompressor]=1500 [scanners]=
 TEST_RUN_MB=1000  # models, servers' logs and reports the test run writes
 
 free_mb() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
+as_gb() { echo "$(($1 / 1000)).$(($1 % 1000 / 100)) GB"; }  # MB -> "11.6 GB"
 
 check_disk_space() {  # fail in one line before the installs, not with pip's traceback half-way
   local need=$TEST_RUN_MB v have
@@ -124,7 +125,7 @@ check_disk_space() {  # fail in one line before the installs, not with pip's tra
   have_browser || need=$((need + SETUP_MB[browser]))
   have=$(free_mb "$ROOT")
   if [ "$have" -lt "$need" ]; then
-    say "not enough disk: the set-up and test run need about $((need / 1000)).$((need % 1000 / 100)) GB free under $ROOT, $((have / 1000)).$((have % 1000 / 100)) GB is"
+    say "not enough disk: the set-up and test run need about $(as_gb "$need") free under $ROOT, $(as_gb "$have") is"
     return 1
   fi
 }

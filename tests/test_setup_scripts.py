@@ -6,7 +6,17 @@ import shutil
 import subprocess
 from pathlib import Path
 
-LIB = Path(__file__).resolve().parents[1] / "scripts" / "lib.sh"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "scripts" / "lib.sh"
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A checkout root with no venvs yet: lib.sh stamps .venv with pyproject.toml's hash."""
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
 
 
 def _check_disk(root: Path, free_mb: int, browser: bool = True) -> subprocess.CompletedProcess:
@@ -22,7 +32,6 @@ def _check_disk(root: Path, free_mb: int, browser: bool = True) -> subprocess.Co
 
 def _stamp_everything(root: Path) -> None:
     """Stamps saying every venv is up to date, written by lib.sh's own stamp functions."""
-    shutil.copy(LIB.parents[1] / "pyproject.toml", root / "pyproject.toml")
     script = f"""
         source {LIB}
         ROOT={root}
@@ -35,25 +44,23 @@ def _stamp_everything(root: Path) -> None:
     subprocess.run(["bash", "-c", script], check=True, timeout=30)
 
 
-def test_fresh_checkout_on_a_small_disk_is_refused_in_one_line(tmp_path):
-    shutil.copy(LIB.parents[1] / "pyproject.toml", tmp_path / "pyproject.toml")
-    result = _check_disk(tmp_path, free_mb=5000, browser=False)
+def test_fresh_checkout_on_a_small_disk_is_refused_in_one_line(checkout):
+    result = _check_disk(checkout, free_mb=5000, browser=False)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert "not enough disk" in lines[0] and "5.0 GB is" in lines[0]
 
 
-def test_fresh_checkout_on_a_large_disk_goes_ahead(tmp_path):
-    shutil.copy(LIB.parents[1] / "pyproject.toml", tmp_path / "pyproject.toml")
-    result = _check_disk(tmp_path, free_mb=200_000)
+def test_fresh_checkout_on_a_large_disk_goes_ahead(checkout):
+    result = _check_disk(checkout, free_mb=200_000)
     assert result.returncode == 0, result.stderr
 
 
-def test_venvs_already_built_need_only_room_for_the_test_run(tmp_path):
-    _stamp_everything(tmp_path)
-    assert _check_disk(tmp_path, free_mb=3000).returncode == 0  # a fresh set-up needs ~10 GB
-    result = _check_disk(tmp_path, free_mb=500)
+def test_venvs_already_built_need_only_room_for_the_test_run(checkout):
+    _stamp_everything(checkout)
+    assert _check_disk(checkout, free_mb=3000).returncode == 0  # a fresh set-up needs ~10 GB
+    result = _check_disk(checkout, free_mb=500)
     assert result.returncode == 1 and "need about 1.0 GB" in result.stderr
-    result = _check_disk(tmp_path, free_mb=500, browser=False)  # Chromium still to install
+    result = _check_disk(checkout, free_mb=500, browser=False)  # Chromium still to install
     assert result.returncode == 1 and "need about 1.7 GB" in result.stderr
