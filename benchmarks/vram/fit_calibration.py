@@ -134,7 +134,7 @@ def fit_phases(key, group, spec, iterations=30):
         x = dict(zip(cols, nnls(a, b)))
         result = {n: float(f"{x[n]:.4g}") for n in common if x[n] > 0}
         result["max"] = [{n: float(f"{x[f'{i}:{n}']:.4g}") for n in p if x[f"{i}:{n}"] > 0} for i, p in enumerate(phases)]
-        new = [int(np.argmax([E._linear(ph, f) for ph in result["max"]])) for (_, f), _ in data]
+        new = [int(np.argmax([E.linear_sum(ph, f) for ph in result["max"]])) for (_, f), _ in data]
         if new == active:
             break
         active = new

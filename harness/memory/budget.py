@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import UsageError
-from .estimate import (DEFAULT_LORA_TARGETS, PRECISIONS, RESERVE_FRACTION, ModelShape, Query, estimate,
-                       weight_bytes)
+from .estimate import RESERVE_FRACTION, Query, estimate
+from .lora import DEFAULT_LORA_TARGETS
+from .shape import ModelShape
+from .weights import PRECISIONS, weight_bytes
 from ..units import format_bytes
 
 # CUDA context + driver reservations of one process on a small consumer card with lazy module

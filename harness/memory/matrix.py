@@ -80,7 +80,8 @@ def train_cases(arch: str, precision: str) -> list[dict]:
 
 
 def predict(row: dict) -> int | None:
-    from .estimate import Query, estimate, model_shape
+    from .estimate import Query, estimate
+    from .shape import model_shape
 
     try:
         shape = model_shape(row["arch"])
@@ -290,7 +291,7 @@ class Worker:
         t = self.torch
         from peft import LoraConfig, get_peft_model
 
-        from .estimate import DEFAULT_LORA_TARGETS
+        from .lora import DEFAULT_LORA_TARGETS
 
         ids = self.ids(base, 1, seq)
 
@@ -462,7 +463,8 @@ def measured_bytes(row: dict) -> int | None:
 def row_query(row: dict):
     """The estimator's query for a row of this matrix or of the fresh-process training matrix
     (which names its LoRA recipe, `targets`, and its optimizer)."""
-    from .estimate import DEFAULT_LORA_TARGETS, Query
+    from .estimate import Query
+    from .lora import DEFAULT_LORA_TARGETS
 
     targets = DEFAULT_LORA_TARGETS
     if row.get("lora_targets"):
@@ -476,7 +478,7 @@ def row_query(row: dict):
 def accelerate_anchor(shape, row: dict) -> int:
     """accelerate estimate-memory on the same case: the model size at the dtype (all parameters,
     fp32 size / 1, 2, 4, 8), times 4 for training with Adam (its 'Training using Adam' column)."""
-    from .estimate import accelerate_style_bytes
+    from .weights import accelerate_style_bytes
 
     size = accelerate_style_bytes(shape, row["precision"])
     return 4 * size if row["mode"] == "train" else size
@@ -504,7 +506,8 @@ class MatrixSummary:
 
 def evaluate(rows: list[dict], env: dict | None = None, calibration=None, headroom: float | None = None) -> MatrixSummary:
     from .budget import DEFAULT_HEADROOM, fits
-    from .estimate import estimate, model_shape
+    from .estimate import estimate
+    from .shape import model_shape
 
     env = env or {}
     headroom = DEFAULT_HEADROOM if headroom is None else headroom

@@ -134,7 +134,7 @@ def meta_model(spec: str | Path | dict, precision: str = "bf16"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..models import torch_dtype
-    from .estimate import load_config
+    from .shape import load_config
 
     config, _ = load_config(spec)
     data = dict(config)
@@ -219,7 +219,8 @@ def plan_offload(spec: str | Path | dict, budget_bytes: int, precision: str = "b
                  bandwidths: Bandwidths | None = None, model=None) -> OffloadPlan:
     """Placement and decode cost of `spec` at `precision` on a card of `budget_bytes`."""
     from .budget import DEFAULT_CONTEXT_BYTES, DEFAULT_HEADROOM
-    from .estimate import Query, estimate, model_shape
+    from .estimate import Query, estimate
+    from .shape import model_shape
 
     if precision not in OFFLOAD_PRECISIONS:
         raise UsageError(f"--offload plans {', '.join(OFFLOAD_PRECISIONS)} weights (bitsandbytes keeps "

@@ -42,7 +42,7 @@ class TrainCase:
     grad_checkpointing: bool
     batch: int
     seq_len: int
-    optimizer: str  # harness.memory.estimate.OPTIMIZERS
+    optimizer: str  # harness.memory.lora.OPTIMIZERS
     budget_bytes: int | None = None  # cap the allocator like a card of this size
     role: str = "matrix"  # matrix | boundary
     steps: int = STEPS
@@ -60,14 +60,15 @@ class TrainCase:
 
 
 def predicted_bytes(case: TrainCase, calibration: dict | None = None) -> int:
-    from .estimate import estimate, model_shape
+    from .estimate import estimate
+    from .shape import model_shape
 
     return estimate(model_shape(case.arch), case.query(), calibration).peak_bytes
 
 
 def make_optimizer(name: str, params):
     """The optimizer HF Trainer builds for `optim=name` (lr 2e-4, its default weight decay 0)."""
-    from .estimate import optimizer_name
+    from .lora import optimizer_name
 
     name = optimizer_name(name)
     if name == "adamw_torch":
@@ -123,7 +124,8 @@ def run_case(case: TrainCase, model_dir: str | Path, device: str = "cuda:0") -> 
     import torch
 
     from ..models import load_model
-    from .estimate import model_shape, resolve_lora_targets
+    from .lora import resolve_lora_targets
+    from .shape import model_shape
     from .measure import MemoryTracker, cuda_context_bytes
 
     cuda = device.startswith("cuda")
@@ -289,7 +291,8 @@ def evaluate_training(rows: list[dict], calibration: dict | None = None) -> Trai
     """Each measured matrix row against the estimator; each boundary row's real OOM against the
     verdict `plan --train` gives (peak + training reserve + this process's context <= budget)."""
     from .budget import default_headroom, fits
-    from .estimate import estimate, model_shape
+    from .estimate import estimate
+    from .shape import model_shape
     from .matrix import row_query
 
     shapes: dict[str, Any] = {}

@@ -158,7 +158,7 @@ def _config_quantization(config: dict) -> tuple[str, int, int]:
 
 def model_facts(spec: str | Path | dict) -> ModelFacts:
     """Read a config.json, a model directory or a reference name (harness/configs)."""
-    from .estimate import load_config, model_shape
+    from .shape import load_config, model_shape
 
     if isinstance(spec, str) and not Path(spec).expanduser().exists():
         from ..models import CONFIG_DIR
@@ -370,7 +370,7 @@ def linear_bytes(in_f: int, out_f: int, quant: str, act_bytes: int, group: int =
     if quant == "fp8":
         return n + 4 * 2  # fp8 weight + weight and input scales
     if quant == "bitsandbytes":  # nf4, double-quantized absmax (vLLM quantizes that way too)
-        from .estimate import quantized_linear_bytes
+        from .weights import quantized_linear_bytes
         return quantized_linear_bytes(in_f, out_f, "nf4-dq")
     if bits == 8:
         return n + out_f * 4 * groups

@@ -55,7 +55,8 @@ def fit_map_data(rows: list[dict], budget_bytes: int, context_bytes: int, headro
     whether it fits `budget_bytes` after `context_bytes` with `headroom`; measured prefill cases
     at batch 1 as points (their own out-of-memory outcome when they were run under this budget)."""
     from ..memory.budget import fits
-    from ..memory.estimate import Query, estimate, model_shape
+    from ..memory.estimate import Query, estimate
+    from ..memory.shape import model_shape
 
     contexts = contexts or CONTEXTS
     models = list(dict.fromkeys([r["arch"] for r in rows] + list(extra_models or [])))
