@@ -12,16 +12,24 @@ import sys
 from pathlib import Path
 
 from ..errors import CheckFailed, UsageError
+from ..units import comma_list, int_list
 
 
 def _int_list(text: str, what: str) -> list[int]:
+    return list(int_list(text, what))
+
+
+def parse_workers(text: str) -> int | None:
+    """--workers: "auto" (None) or a count >= 1."""
+    if str(text).strip().lower() == "auto":
+        return None
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        value = int(text)
     except ValueError:
-        raise UsageError(f"{what}: {text!r} is not a comma list of integers") from None
-    if not values or min(values) < 1:
-        raise UsageError(f"{what}: {text!r} needs integers >= 1")
-    return values
+        raise UsageError(f"--workers: {text!r} is not a number of processes or auto") from None
+    if value < 1:
+        raise UsageError(f"--workers: {text!r} needs at least 1")
+    return value
 
 
 def parse_slo(text: str | None):
@@ -30,7 +38,7 @@ def parse_slo(text: str | None):
     if not text:
         return None
     fields = {}
-    for item in text.split(","):
+    for item in comma_list(text, "--slo"):
         key, _, value = item.partition("=")
         key = key.strip()
         if key not in ("ttft_ms", "tpot_ms", "e2e_ms"):
@@ -64,6 +72,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
     parser.add_argument("--ramp-up", type=float, default=0.0,
                         help="closed loop: spread the first sends of the slots over this many seconds (default 0: one burst)")
+    parser.add_argument("--workers", default="auto",
+                        help="client worker processes, each its own event loop and connections (default auto: "
+                             "the cores nobody else is using, less one, at least 1)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request before it counts as timed out (default 120)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per level (compare wants at least 3)")
     parser.add_argument("--warmup", type=int, default=2, help="requests before each run, kept out of the figures (default 2)")
@@ -89,6 +100,7 @@ def run(args) -> int:
         raise UsageError("--repeats must be at least 1")
     if args.request_rate is not None and args.request_rate <= 0:
         raise UsageError("--request-rate must be positive")
+    workers = parse_workers(args.workers)
     out = Path(args.out)
     if out.is_dir():
         raise UsageError(f"--out: {args.out!r} is a directory")
@@ -108,6 +120,7 @@ def run(args) -> int:
         keep_requests=not args.no_requests,
         quiet=args.quiet,
         prompt_calibration=args.prompt_calibration,
+        workers=workers,
     )
     try:
         data = run_bench(cfg)
@@ -121,6 +134,9 @@ def run(args) -> int:
     print(f"wrote {out}", file=sys.stderr)
     if not data.get("valid", True):
         raise CheckFailed(f"invalid run, marked so in {out}: {data['invalid_reasons'][0]}")
+    died = [f for r in data["runs"] for f in r.get("worker_failures") or ()]
+    if died:
+        raise CheckFailed(f"a client worker died, the run is incomplete: {died[0]}; results in {out}")
     if failed:
         errors: dict[str, int] = {}
         for r in data["runs"]:

@@ -14,8 +14,9 @@ import aiohttp
 from .. import __version__
 from ..errors import CheckFailed, UsageError
 from . import hostload, metrics, prompts, results
-from .client import LoadResult, RequestSpec, Target, make_session, run_load
+from .client import LoadResult, RequestSpec, Target, client_json_parser, make_session, run_load
 from .stats import SLO, summarize_run
+from .workers import default_workers, run_load_workers
 from .workload import PromptTokenizer, Workload
 
 
@@ -45,6 +46,7 @@ class BenchConfig:
     quiet: bool = False  # no per-run lines at all (-q)
     progress: bool | None = None  # the ticking "n/N requests" lines; default: when stderr is a terminal
     prompt_calibration: str = "auto"  # prompts.METHODS
+    workers: int | None = None  # client worker processes; None: the cores nobody else uses (workers.py)
 
 
 def _say(cfg: BenchConfig, text: str) -> None:
@@ -93,6 +95,7 @@ def _results_skeleton(cfg: BenchConfig, info: dict, tokenizer: PromptTokenizer |
         "tokenizer": tokenizer.source if tokenizer else None,
         "flags": cfg.environment.get("flags", []),
         "machine": results.machine(),
+        "client": {"workers": cfg.workers or "auto", "json_parser": client_json_parser()},
     }
     env.update({k: v for k, v in cfg.environment.items() if k not in env or env[k] is None})
     workload = cfg.workload.to_json() | {
@@ -203,10 +206,16 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int) -
 
     records: list = []
     idle = await hostload.sample_runnable()  # the machine's load from others, our server idle
+    n_workers = cfg.workers or default_workers(hostload.cores(), hostload.background(idle)["background_runnable"])
     try:
-        load = await run_load(cfg.target, specs, concurrency=level, request_rate=cfg.request_rate,
-                              ramp_up_s=cfg.ramp_up_s, seed=cfg.workload.seed + rep, on_progress=progress,
-                              session=session, records=records)
+        if n_workers > 1:
+            load = await run_load_workers(cfg.target, specs, workers=n_workers, concurrency=level,
+                                          request_rate=cfg.request_rate, ramp_up_s=cfg.ramp_up_s,
+                                          seed=cfg.workload.seed + rep, on_progress=progress, records=records)
+        else:
+            load = await run_load(cfg.target, specs, concurrency=level, request_rate=cfg.request_rate,
+                                  ramp_up_s=cfg.ramp_up_s, seed=cfg.workload.seed + rep, on_progress=progress,
+                                  session=session, records=records)
     except asyncio.CancelledError:
         # Ctrl-C: keep what finished, say how many were cut off, let the caller write it.
         done = [r for r in records if r.end_s > 0 and r.error != "interrupted"]
@@ -242,6 +251,10 @@ def _run_line(run: dict) -> str:
         text += f", prompt {p['actual_mean']:.0f}/{p['requested_mean']:.0f} tokens"
         if not p["valid"]:
             text += " [INVALID: prompt lengths missed the request]"
+    if run.get("workers", 1) > 1:
+        text += f", {run['workers']} client workers"
+    for failure in run.get("worker_failures") or ():
+        text += f" [CLIENT WORKER DIED: {failure}]"
     if run["client_bound"]:
         text += " [CLIENT-BOUND: " + "; ".join(run["client_bound_reasons"]) + "]"
     if not run["token_accounting"]["agree"]:

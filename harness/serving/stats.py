@@ -245,9 +245,19 @@ def summarize_run(
         ],
         "started_wall": load.started_wall,
     }
+    run.update(client_workers(load))
     if keep_requests:
         run["requests"] = [_compact(r) for r in records]
     return run
+
+
+def client_workers(load: LoadResult) -> dict:
+    """The worker processes' own figures, and which of them died taking requests along."""
+    failures = [f"worker {w['worker']} (pid {w['pid']}) died ({w['died']}) after reporting {w['reported']} of "
+                f"{w['requests']} requests: those are kept, {w['lost']} were lost"
+                for w in load.workers if w.get("died")]
+    return {"workers": max(1, len(load.workers)), "client_workers": load.workers,
+            "worker_failures": failures, "requests_lost": sum(w["lost"] for w in load.workers if w.get("died"))}
 
 
 def _compact(r: RequestRecord) -> dict:
