@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("compare", "compare two bench results with a noise model; exit 1 on a regression"),
     "report": ("report", "render results JSON files into one self-contained HTML report"),
     "fleet": ("fleet", "run the suites on every node of a Ray cluster and write one fleet report"),
+    "explain": ("explain", "an error text or log -> what happened, the ranked causes and the (computed) fix"),
 }
 
 

@@ -1,0 +1,181 @@
+"""Out of memory: on the GPU (torch's allocator message, old and new formats) and on the host
+(the kernel's OOM killer while a checkpoint loads).
+
+torch >= 2.1 says: "Tried to allocate 546.00 MiB. GPU 0 has a total capacity of 15.77 GiB of
+which 514.19 MiB is free. Process 562167 has 15.25 GiB memory in use. Of the allocated memory
+13.73 GiB is allocated by PyTorch, and 736.86 MiB is reserved by PyTorch but unallocated."
+(some releases spell "capacty"); torch < 2.1: "Tried to allocate 85.00 MiB (GPU 0; 4.00 GiB total
+capacity; 3.04 GiB already allocated; 9.21 MiB free; 15.31 MiB cached|reserved in total by PyTorch)".
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import planners
+from .model import Cause, Context, Finding
+from .text import SIZE, Log, gib, size_bytes
+
+_NEW = re.compile(
+    rf"Tried to allocate {SIZE}\.\s*GPU (\d+) has a total capac\w*y of {SIZE} of which {SIZE} is free\.", re.I)
+_OLD = re.compile(rf"Tried to allocate {SIZE}\s*\(GPU (\d+); {SIZE} total capacity; {SIZE} already allocated; "
+                  rf"{SIZE} free;(?: {SIZE} reserved in total by PyTorch| {SIZE} cached)", re.I)
+_TORCH_ALLOC = re.compile(rf"Of the allocated memory {SIZE} is allocated by PyTorch", re.I)
+_UNALLOCATED = re.compile(rf"and {SIZE} is reserved by PyTorch but unallocated", re.I)
+_PROCESS = re.compile(rf"Process (\d+) has {SIZE} memory in use", re.I)
+_THIS_PROCESS = re.compile(rf"this process has {SIZE} memory in use", re.I)
+CUDA_OOM = (r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|"
+            r"cudaErrorMemoryAllocation")
+GRAPH_CAPTURE = r"captur\w* (?:the )?cuda ?graph|cuda ?graph\w* captur|capture_model|graph capturing|cudagraph"
+HOST_KILL = (r"(?:^|\]|\s)Killed\s*$|Out of memory: Killed process|oom-kill|invoked oom-killer|exit(?:ed)? "
+             r"(?:with )?(?:code|status)[ :]*137|exitcode\s*:\s*-9|signal 9|SIGKILL|DefaultCPUAllocator: can't "
+             r"allocate memory|std::bad_alloc|^MemoryError")
+
+
+def _oom_figures(log: Log) -> dict:
+    figures: dict = {}
+    m = log.search(_NEW)
+    if m:
+        figures.update(tried=size_bytes(m[1], m[2]), gpu_index=int(m[3]), total=size_bytes(m[4], m[5]),
+                       free=size_bytes(m[6], m[7]))
+        a = log.search(_TORCH_ALLOC)
+        u = log.search(_UNALLOCATED)
+        if a:
+            figures["allocated_by_pytorch"] = size_bytes(a[1], a[2])
+        if u:
+            figures["reserved_unallocated"] = size_bytes(u[1], u[2])
+        procs = [(int(p[1]), size_bytes(p[2], p[3])) for p in re.finditer(_PROCESS, log.text)]
+        if procs:
+            figures["processes_in_use"] = dict(procs)
+        t = log.search(_THIS_PROCESS)
+        if t:
+            figures["this_process_in_use"] = size_bytes(t[1], t[2])
+        return figures
+    m = log.search(_OLD)
+    if m:
+        figures.update(tried=size_bytes(m[1], m[2]), gpu_index=int(m[3]), total=size_bytes(m[4], m[5]),
+                       allocated_by_pytorch=size_bytes(m[6], m[7]), free=size_bytes(m[8], m[9]))
+        if m[10]:
+            figures["reserved_total"] = size_bytes(m[10], m[11])
+            figures["reserved_unallocated"] = max(0, figures["reserved_total"] - figures["allocated_by_pytorch"])
+        elif m[12]:  # torch <= 1.3 "cached": the allocator's cache beside the allocated memory
+            figures["reserved_unallocated"] = size_bytes(m[12], m[13])
+    return figures
+
+
+def _phase(log: Log) -> str:
+    if log.has(r"backward|optimizer|\.step\(|Trainer|trainer\.train|train\.py|--train|fine-?tun|lora|accelerate launch"):
+        return "training"
+    if log.has(r"from_pretrained|Loading checkpoint shards|load_state_dict|\.to\(|\.cuda\(\)|Loading weights"):
+        return "loading"
+    if log.has(r"generate|inference|forward|infer"):
+        return "inference"
+    return "unknown"
+
+
+def _fragmented(f: dict) -> bool:
+    """PyTorch's own hint: reserved-but-unallocated memory is large. Large here: it could hold the
+    failed request, or it is over a quarter of what PyTorch allocated."""
+    unalloc = f.get("reserved_unallocated", 0)
+    return unalloc >= f.get("tried", 1) or unalloc > 0.25 * max(f.get("allocated_by_pytorch", 0), 1)
+
+
+def _others(f: dict) -> int:
+    """Memory other processes hold on the card, when the message lists them."""
+    procs = f.get("processes_in_use") or {}
+    mine = f.get("this_process_in_use")
+    if mine is None or not procs:
+        return 0
+    return sum(b for b in procs.values()) - mine if len(procs) > 1 else 0
+
+
+def _oom_causes(log: Log, f: dict, phase: str, evidence: str) -> tuple[list[Cause], list[str]]:
+    causes, fixes = [], []
+    tried, free, unalloc = f.get("tried"), f.get("free"), f.get("reserved_unallocated", 0)
+    if tried is not None and free is not None and _fragmented(f):
+        causes.append(Cause(
+            f"fragmentation: {gib(unalloc)} is reserved by PyTorch but unallocated (in pieces too small for the "
+            f"{gib(tried)} request)", evidence))
+        fixes.append("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the process starts (it lets "
+                     "the allocator grow segments instead of leaving unusable holes)")
+    if tried is not None and free is not None and tried > free + unalloc:
+        share = (free + unalloc) / tried
+        causes.append(Cause(
+            f"the {phase if phase != 'unknown' else 'step'} needs more memory than the card has left: "
+            f"{gib(tried)} requested, {gib(free)} free" + (f" + {gib(unalloc)} cached" if unalloc else ""), evidence))
+        fixes.append(f"make the step smaller: the failed request alone would fit at {share:.0%} of the current "
+                     f"batch x sequence (if it scales with them), so halve the batch (raise gradient accumulation "
+                     f"to keep the effective batch) or shorten the sequence"
+                     + (", turn on gradient checkpointing, or load the base in 4-bit (QLoRA)" if phase == "training"
+                        else ", or load the weights at a lower precision (bf16, int8, nf4)"))
+    elif tried is not None and free is not None and free >= tried and not _fragmented(f):
+        causes.append(Cause(f"the card reports {gib(free)} free yet a {gib(tried)} request failed: a memory cap "
+                            f"(set_per_process_memory_fraction, MIG, WSL's shared memory) or another process "
+                            f"allocating at the same moment", evidence))
+        fixes.append("check for a per-process memory fraction or a second process on the card (nvidia-smi)")
+    others = _others(f)
+    if others > 0.1 * f.get("total", 1):
+        causes.append(Cause(f"other processes hold {gib(others)} on this card", evidence))
+        fixes.append("stop the other processes on the card (nvidia-smi shows them) or use another GPU")
+    if not causes:
+        causes.append(Cause(f"the {phase if phase != 'unknown' else 'job'} needs more GPU memory than the card has",
+                            evidence))
+        fixes.append("lower the batch size or sequence length, use gradient checkpointing (training), or a lower "
+                     "precision (bf16 -> int8/nf4); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps when "
+                     "memory is fragmented")
+    return causes, fixes
+
+
+def recognise_cuda_oom(log: Log, ctx: Context) -> list[Finding]:
+    m = log.search(CUDA_OOM)
+    if not m:
+        return []
+    evidence = log.line_of(m)
+    f = _oom_figures(log)
+    if f.get("tried"):
+        evidence = log.evidence(r"Tried to allocate") or evidence
+    phase = _phase(log)
+    if log.has(r"vllm|EngineCore|gpu_model_runner") and log.has(GRAPH_CAPTURE):
+        return [_graph_capture_oom(log, evidence, f)]
+    causes, fixes = _oom_causes(log, f, phase, evidence)
+    gpu = planners.gpu_for(ctx, f.get("total"))
+    computed = planners.safe(planners.transformers_plan, ctx, gpu, phase == "training")
+    what = (f"CUDA ran out of memory{' during ' + phase if phase != 'unknown' else ''}"
+            + (f": {gib(f['tried'])} requested with {gib(f['free'])} free of {gib(f['total'])}" if f.get("tried") else ""))
+    fix = "; ".join(fixes) + "." + planners.plan_text(computed if computed and "error" not in computed else None)
+    return [Finding("cuda_oom", what, causes, fix, score=70, position=m.end(),
+                    figures_from_log={k: v for k, v in f.items()}, computed=computed)]
+
+
+def _graph_capture_oom(log: Log, evidence: str, f: dict) -> Finding:
+    cause = Cause("vLLM ran out of memory while capturing CUDA graphs: they are allocated after the KV cache took "
+                  "its share, from what the utilization left", log.evidence(GRAPH_CAPTURE) or evidence)
+    fix = ("start with --enforce-eager (no CUDA graphs), or lower --gpu-memory-utilization by 0.05-0.1 to leave room "
+           "for the graphs, or capture fewer sizes (lower --max-num-seqs)")
+    return Finding("vllm_startup", "vLLM's start-up ran out of GPU memory during CUDA graph capture", [cause], fix,
+                   score=85, position=len(log.text), figures_from_log=f)
+
+
+def recognise_host_oom(log: Log, ctx: Context) -> list[Finding]:
+    m = log.search(HOST_KILL, re.IGNORECASE | re.MULTILINE)
+    if not m:
+        return []
+    evidence = log.line_of(m)
+    loading = log.has(r"Loading checkpoint shards|from_pretrained|load_state_dict|Loading weights|safetensors|"
+                      r"torch\.load")
+    dmesg = log.evidence(r"Out of memory: Killed process.*|invoked oom-killer.*")
+    causes = [Cause("the kernel's OOM killer ended the process: host RAM (plus swap) ran out"
+                    + (" while the checkpoint was loading" if loading else ""), dmesg or evidence)]
+    if loading:
+        causes.append(Cause("loading materialises the weights in host RAM first: in float32 unless a dtype is given "
+                            "(twice the bf16 size), and .bin (pickle) shards are read whole",
+                            log.evidence(r"Loading checkpoint shards.*") or evidence))
+    if log.has(r"docker|container|kubernetes|cgroup|WSL"):
+        causes.append(Cause("the container's (or WSL's) memory limit is below the machine's RAM",
+                            log.evidence(r"docker|container|kubernetes|cgroup|WSL") or evidence))
+    fix = ("give the process more host RAM (or swap): load with torch_dtype=torch.bfloat16 and device_map=\"auto\" "
+           "(low_cpu_mem_usage: one shard at a time, straight to the GPU), prefer safetensors shards over .bin, "
+           "close other programs, and raise the container/WSL/VM memory limit if there is one")
+    score = 75 if (dmesg or loading) else 55
+    return [Finding("host_oom", "the process was killed for lack of host memory"
+                    + (" while loading the model" if loading else ""), causes, fix, score=score, position=m.end())]
