@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from .errors import UsageError
 from .models import PRECISIONS, default_cache_dir, reference_names  # noqa: F401 (re-exported)
-from .units import parse_bytes
+from .units import comma_list, parse_bytes
 
 DEVICES = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 HW_LEVELS = ("quick", "full")
@@ -52,14 +52,7 @@ class Settings:
 def parse_precisions(text: str | None) -> tuple[str, ...]:
     if not text:
         return PRECISIONS
-    items = tuple(p.strip().lower() for p in text.split(",") if p.strip())
-    unknown = [p for p in items if p not in PRECISIONS]
-    if unknown or not items:
-        raise UsageError(
-            f"--precisions: unknown precision {', '.join(unknown) or repr(text)} "
-            f"(choose from {', '.join(PRECISIONS)})"
-        )
-    return items
+    return comma_list(text, "--precisions", choices=PRECISIONS, lower=True)
 
 
 def _python_in(venv: Path) -> Path | None:

@@ -8,11 +8,45 @@ from harness.units import format_bytes, parse_bytes
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("6GiB", 6 * 1024**3), ("6gib", 6 * 1024**3), ("6G", 6 * 1024**3), ("8GB", 8 * 10**9),
-    ("6144MiB", 6 * 1024**3), ("1.5GiB", int(1.5 * 1024**3)), ("4096", 4096),
+    ("6GiB", 6 * 1024**3), ("6gib", 6 * 1024**3), ("8GB", 8 * 10**9), ("6gb", 6 * 10**9),
+    ("6144MiB", 6 * 1024**3), ("1.5GiB", int(1.5 * 1024**3)), ("4096B", 4096), ("512 MB", 512 * 10**6),
 ])
 def test_parse_bytes_accepts_binary_and_decimal_units(text, expected):
     assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("6", "'6' has no unit: 6GiB or 6GB?"), (" 4096 ", "has no unit"),
+    ("6G", "'6G' is ambiguous: 6GiB or 6GB?"), ("6g", "ambiguous"), ("512M", "512MiB or 512MB?"),
+])
+def test_parse_bytes_refuses_a_size_whose_unit_is_unclear(text, needle):
+    """A bare number (6 bytes?) and G (GiB to some tools, GB to others) are refused, never guessed."""
+    with pytest.raises(UsageError) as err:
+        parse_bytes(text, "--budget")
+    assert str(err.value).startswith("--budget: ") and needle in str(err.value)
+
+
+def test_format_size_shows_a_size_as_what_it_is():
+    from harness.units import format_size
+
+    assert format_size(parse_bytes("6GiB")) == "6 GiB"
+    assert format_size(parse_bytes("6GB")) == "6 GB (5.59 GiB)"
+    assert format_size(parse_bytes("300MiB")) == "300 MiB"
+    assert format_size(12345) == format_bytes(12345)
+
+
+def test_comma_lists_are_parsed_one_way():
+    from harness.units import comma_list, int_list
+
+    assert comma_list(" a, b,,c ", "--x") == ("a", "b", "c")
+    assert comma_list("BF16,nf4", "--precision", choices=("bf16", "nf4"), lower=True) == ("bf16", "nf4")
+    assert int_list("512, 2048", "--seq-len") == (512, 2048)
+    for call, needle in ((lambda: comma_list(" , ", "--x"), "--x: no value given"),
+                         (lambda: comma_list("fp5", "--precision", choices=("bf16",)), "--precision: unknown value fp5"),
+                         (lambda: int_list("512,2k", "--seq-len"), "--seq-len: '2k' is not an integer"),
+                         (lambda: int_list("0", "--batch"), "--batch: 0 must be an integer >= 1")):
+        with pytest.raises(UsageError, match=needle):
+            call()
 
 
 @pytest.mark.parametrize("text", ["banana", "6 parsecs", "", "-1GiB", "0GiB", "GiB"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import CheckFailed, UsageError
+from ..units import comma_list
 
 
 def add_arguments(parser) -> None:
@@ -34,10 +35,7 @@ def run(args) -> int:
     from ..serving import results
     from ..serving.results import FINGERPRINT_FIELDS, write_atomic
 
-    allow = tuple(x.strip() for x in args.allow_diff.split(",") if x.strip())
-    unknown = [x for x in allow if x not in FINGERPRINT_FIELDS]
-    if unknown:
-        raise UsageError(f"--allow-diff: unknown field {', '.join(unknown)} (fields: {', '.join(FINGERPRINT_FIELDS)})")
+    allow = comma_list(args.allow_diff, "--allow-diff", choices=FINGERPRINT_FIELDS, allow_empty=True)
     if args.min_repeats < 1:
         raise UsageError("--min-repeats must be at least 1")
     if args.threshold and args.policy == "vllm-ci":

@@ -11,6 +11,7 @@ import argparse
 import json
 
 from ..errors import UsageError
+from ..units import comma_list, int_list
 
 # option -> default; plan.py's own options are left alone
 VLLM_ONLY = {
@@ -66,10 +67,7 @@ def reject_vllm_options(args: argparse.Namespace) -> None:
 
 
 def _list(text: str | None, what: str) -> list[str]:
-    items = [t.strip() for t in (text or "").split(",") if t.strip()]
-    if not items:
-        raise UsageError(f"{what}: empty list")
-    return items
+    return list(comma_list(text, what))
 
 
 def _int(text: str, what: str) -> int:
@@ -95,7 +93,7 @@ def _queries(args: argparse.Namespace):
         raise UsageError("--gpu-memory-utilization is required with --engine vllm")
     gpu = resolve_gpu(args.gpu_memory)
     if args.sweep:
-        lengths = [int(x) for x in (args.max_model_len.split(",") if args.max_model_len else SWEEP_LENGTHS)]
+        lengths = list(int_list(args.max_model_len, "--max-model-len") if args.max_model_len else SWEEP_LENGTHS)
         precisions = ([(q, k) for q in _list(args.quantization, "--quantization")
                        for k in _list(args.kv_cache_dtype, "--kv-cache-dtype")]
                       if args.quantization else list(SWEEP_PRECISIONS))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import atomic
+from ..units import comma_list, parse_bytes
 
 INFER_PRECISIONS = ("bf16", "nf4-dq", "nf4", "fp4", "int8", "fp32")
 PREFILL_LENS = (512, 2048, 8192)
@@ -382,12 +383,10 @@ class Worker:
 
 
 def _worker_main(args) -> int:
-    from ..units import parse_bytes
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    precisions = tuple(p for p in args.precisions.split(",") if p)
-    w = Worker(args.worker, out, parse_bytes(args.budget), args.deadline, Path(args.model_root),
+    precisions = comma_list(args.precisions, "--precisions")
+    w = Worker(args.worker, out, parse_bytes(args.budget, "--budget"), args.deadline, Path(args.model_root),
                precisions, not args.no_train, device=args.device)
     log(f"{args.worker}: context {w.context} bytes, {len(w.done)} rows already done")
     try:
@@ -414,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         return _worker_main(args)
     deadline = time.time() + args.time_limit_s
     procs = []
-    for arch in [a for a in args.archs.split(",") if a]:
+    for arch in comma_list(args.archs, "--archs"):
         cmd = [sys.executable, "-m", "harness.memory.matrix", "--worker", arch, "--out", args.out,
                "--budget", args.budget, "--precisions", args.precisions, "--deadline", str(deadline),
                "--model-root", args.model_root, "--device", args.device] + (["--no-train"] if args.no_train else [])

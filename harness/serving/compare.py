@@ -36,6 +36,7 @@ import statistics
 from dataclasses import dataclass, asdict
 
 from ..errors import UsageError
+from ..units import comma_list
 from .results import FINGERPRINT_FIELDS, fingerprint
 
 # metric -> (source, statistic, higher_is_worse)
@@ -104,7 +105,7 @@ def parse_thresholds(text: str | None) -> dict[str, float]:
     thresholds = dict(DEFAULT_THRESHOLDS)
     if not text:
         return thresholds
-    for item in text.split(","):
+    for item in comma_list(text, "--threshold"):
         key, sep, value = item.partition("=")
         key = key.strip()
         if key not in METRICS or not sep:
