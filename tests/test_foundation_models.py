@@ -15,6 +15,10 @@ PUBLISHED_PARAMS_B = {
     "qwen2.5-0.5b": 0.494, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.62,
     "llama-3.2-1b": 1.24, "llama-3.2-3b": 3.21, "mistral-7b-v0.3": 7.25, "phi-3-mini-4k": 3.82,
     "smollm2-1.7b": 1.71, "tinyllama-1.1b": 1.10,
+    # the issue-27 families (model cards: Gemma-2 2.6B, Gemma-3 1B, Qwen3 1.7B, Llama-3.1 8B,
+    # Mistral-NeMo 12B, Phi-4-mini 3.8B, Qwen3-30B-A3B 30.5B)
+    "gemma-2-2b": 2.61, "gemma-3-1b": 1.00, "qwen3-1.7b": 1.72, "llama-3.1-8b": 8.03,
+    "mistral-nemo-12b": 12.25, "phi-4-mini": 3.84, "qwen3-30b-a3b": 30.5,
 }
 
 

@@ -1,0 +1,167 @@
+"""Where the memory of one step went, from torch's own allocator history.
+
+    with SnapshotRecorder("cuda:0") as rec:      # torch.cuda.memory._record_memory_history
+        ... load, wrap, train or generate ...
+    summary = summarise(rec.snapshot, logits_ranges(model_type), window="optimizer_steps")
+
+`summarise` replays the allocator's trace (alloc / free events with the Python stack of each
+allocation) and names every allocation by what made it (CATEGORIES), then reports the live bytes
+per category at the moment the step's allocated total peaked, and the same totals at evenly spaced
+points of the step's timeline. The summary is a small JSON object (no raw pickle, no stacks), so
+CPU tests can recompute a predicted-against-measured comparison from committed files.
+
+How an allocation is named (first rule that matches; frames are innermost first):
+- no Python frames, or torch/autograd frames: the backward pass (gradients and their
+  temporaries: CUDA backward runs on autograd's device thread, which has no Python stack);
+- torch/optim or bitsandbytes/optim: optimizer states (and the step's temporaries);
+- a get_peft_model frame: LoRA weights; prepare_model_for_kbit_training / from_pretrained: weights
+  (quantization state included: bitsandbytes allocates packed weights and absmax together);
+- transformers' loss_utils, or an innermost modeling frame on the CausalLM forward's own lines
+  (lm_head, the fp32 upcast, final-logit soft-capping), or generation/utils.py: logits / loss;
+- transformers' cache_utils.py: the KV cache;
+- anything else under the model's forward (checkpoint recomputation included): activations.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+CATEGORIES = ("weights", "lora_weights", "optimizer", "activations", "logits_loss", "kv_cache", "backward", "other")
+FREE_ACTIONS = ("free_requested", "free_completed")
+TIMELINE_POINTS = 80
+
+
+@dataclass(frozen=True)
+class LineRange:
+    """Lines `first`..`last` of a file whose name ends with `file_suffix` (a forward method)."""
+
+    file_suffix: str
+    first: int
+    last: int
+
+    def holds(self, frame: dict) -> bool:
+        return str(frame.get("filename", "")).endswith(self.file_suffix) and self.first <= int(frame.get("line", 0)) <= self.last
+
+
+def logits_ranges(model_type: str) -> list[LineRange]:
+    """The source lines of the CausalLM forward of a transformers family (imports transformers)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    cls = getattr(transformers, name, None) if name else None
+    if cls is None:
+        return []
+    fn = inspect.unwrap(cls.forward)
+    lines, first = inspect.getsourcelines(fn)
+    path = inspect.getsourcefile(fn) or ""
+    return [LineRange("/".join(path.split("/")[-3:]), first, first + len(lines) - 1)]
+
+
+def _has(frames: list[dict], needle: str, key: str = "filename") -> bool:
+    return any(needle in str(f.get(key, "")) for f in frames)
+
+
+def category(frames: list[dict], ranges: Iterable[LineRange] = ()) -> str:
+    """What made an allocation, from its Python stack (innermost frame first)."""
+    if not frames:
+        return "backward"
+    names = {str(f.get("name", "")) for f in frames}
+    if _has(frames, "torch/optim/") or _has(frames, "bitsandbytes/optim"):
+        return "optimizer"
+    if "get_peft_model" in names:
+        return "lora_weights"
+    if names & {"prepare_model_for_kbit_training", "from_pretrained", "load_model"}:
+        return "weights"
+    inner = next((f for f in frames if "modeling_" in str(f.get("filename", ""))), None)
+    if _has(frames, "loss_utils.py") or (inner is not None and any(r.holds(inner) for r in ranges)):
+        return "logits_loss"
+    if _has(frames, "cache_utils.py"):
+        return "kv_cache"
+    if _has(frames, "torch/autograd/") and not _has(frames, "checkpoint.py"):
+        return "backward"
+    if _has(frames, "generation/utils.py") and not _has(frames, "modeling_"):
+        return "logits_loss"
+    if _has(frames, "modeling_") or _has(frames, "peft/") or _has(frames, "torch/nn/") or _has(frames, "checkpoint.py"):
+        return "activations"
+    return "other"
+
+
+def _trace(snapshot: dict, device: int) -> list[dict]:
+    traces = snapshot.get("device_traces") or []
+    return list(traces[device]) if device < len(traces) else []
+
+
+def summarise(snapshot: dict, ranges: Iterable[LineRange] = (), window: str | None = None,
+              device: int = 0, points: int = TIMELINE_POINTS) -> dict[str, Any]:
+    """Live bytes per category at the allocated peak of the window (the events from the first
+    allocation whose stack holds a frame named `window` on; the whole trace without one), and a
+    timeline of `points` samples over that window."""
+    ranges = list(ranges)
+    events = _trace(snapshot, device)
+    live: dict[int, tuple[int, str]] = {}
+    totals = dict.fromkeys(CATEGORIES, 0)
+    start = None
+    if window is not None:
+        start = next((i for i, e in enumerate(events) if e.get("action") == "alloc"
+                      and any(f.get("name") == window for f in e.get("frames") or [])), None)
+    start = 0 if start is None else start
+    stride = max(1, (len(events) - start) // max(1, points))
+    peak_total, peak_at, peak_cats = -1, None, dict(totals)
+    timeline, allocs, unknown_frees = [], 0, 0
+    for i, e in enumerate(events):
+        action, addr = e.get("action"), e.get("addr")
+        if action == "alloc":
+            cat = category(e.get("frames") or [], ranges)
+            live[addr] = (int(e.get("size", 0)), cat)
+            totals[cat] += int(e.get("size", 0))
+            allocs += 1
+        elif action in FREE_ACTIONS:
+            if addr in live:
+                size, cat = live.pop(addr)
+                totals[cat] -= size
+            elif action == "free_requested":
+                unknown_frees += 1
+        if i < start:
+            continue
+        total = sum(totals.values())
+        if total > peak_total:
+            peak_total, peak_at, peak_cats = total, i, dict(totals)
+        if (i - start) % stride == 0:
+            timeline.append({"event": i, "total": total, **{c: v for c, v in totals.items() if v}})
+    return {"events": len(events), "allocations": allocs, "window_start": start, "peak_event": peak_at,
+            "peak_bytes": max(peak_total, 0), "peak_by_category": {c: v for c, v in peak_cats.items() if v},
+            "unmatched_frees": unknown_frees, "timeline": timeline,
+            "first_event_is_alloc": bool(events) and events[0].get("action") == "alloc"}
+
+
+class SnapshotRecorder:
+    """Records the allocator's history over a block; `snapshot` holds torch's snapshot dict after
+    it (None on CPU-only torch). `max_entries` bounds the ring buffer: a summary whose trace lost
+    its beginning says so (first_event_is_alloc / unmatched_frees)."""
+
+    def __init__(self, device: str = "cuda:0", max_entries: int = 1_500_000):
+        self.device, self.max_entries = device, max_entries
+        self.snapshot: dict | None = None
+        self._on = False
+
+    def __enter__(self) -> "SnapshotRecorder":
+        import torch
+
+        if self.device.startswith("cuda") and torch.cuda.is_available():
+            torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
+                                                     max_entries=self.max_entries)
+            self._on = True
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        import torch
+
+        if self._on:
+            try:
+                self.snapshot = torch.cuda.memory._snapshot()
+            finally:
+                torch.cuda.memory._record_memory_history(enabled=None)
+        return False
