@@ -41,7 +41,7 @@ BUDGET = 6 * 2**30
 ASSUMED_CONTEXT = 640 * 2**20
 CASE_TIMEOUT_S = 150
 CASE_MIN_S = 35  # a fresh process needs ~15-25 s to import, load and step
-GPU_POOL = 110 * 2**30
+GPU_POOL = 120 * 2**30
 INFER = {"prefill_lens": (1024, 4096), "batches": (1, 2), "generate": (1024, 64)}
 T0 = time.time()
 
@@ -119,8 +119,26 @@ def boundary_cases(rng: random.Random, per_family: int) -> list[TrainCase]:
     return out
 
 
+_SHAPES: dict = {}
+
+
+def claim_bytes(case: TrainCase) -> int:
+    """What a case may take of the GPU while others run: its cap, or twice its prediction (the
+    estimator is unchecked on these families; eager attention is the suspect) + 2 GiB."""
+    if case.budget_bytes:
+        return case.budget_bytes + 2**30
+    from harness.memory.estimate import estimate
+    from harness.memory.shape import model_shape
+
+    try:
+        shape = _SHAPES.setdefault(case.arch, model_shape(case.arch))
+        return max(6 * 2**30, 2 * estimate(shape, case.query()).peak_bytes + 2 * 2**30)
+    except Exception:  # noqa: BLE001
+        return 24 * 2**30
+
+
 def train_job(case: TrainCase) -> dict:
-    claim = case.budget_bytes + 2**30 if case.budget_bytes else 24 * 2**30
+    claim = claim_bytes(case)
     return {"kind": "train", "arch": case.arch, "case": asdict(case), "claim": claim,
             "name": f"{case.role}-{case.arch}-{case.targets}-r{case.lora_r}-gc{int(case.grad_checkpointing)}"
                     f"-b{case.batch}-s{case.seq_len}-{case.optimizer}"}

@@ -3,11 +3,11 @@
 #   FAMILIES_OUT=/tmp/families-out setsid bash scripts/gpu/families.sh
 # From the repository root. Uses python3 there (torch 2.11+cu130, transformers 5.17, peft) and the
 # bitsandbytes wheel under .whl/ (installed to /tmp/site unless it imports already). Stops itself
-# within FAMILIES_LIMIT_S (default 300 s of cases, 325 s hard), writes $FAMILIES_OUT/DONE, then
+# within FAMILIES_LIMIT_S (default 285 s of cases, 305 s hard; the pip install and tar add ~20 s), writes $FAMILIES_OUT/DONE, then
 # packs everything into /tmp/families-out.tar.gz (< 16 MiB: the case logs go first if it is not).
 set -uo pipefail
 out=${FAMILIES_OUT:-/tmp/families-out}
-limit=${FAMILIES_LIMIT_S:-300}
+limit=${FAMILIES_LIMIT_S:-285}
 mkdir -p "$out"
 start=$(date +%s)
 if ! python3 -c "import bitsandbytes" 2>/dev/null; then
@@ -20,7 +20,7 @@ export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv > "$out/gpu.csv" 2>&1
 python3 -c "import bitsandbytes, torch, transformers, peft; print(bitsandbytes.__version__, torch.__version__, transformers.__version__, peft.__version__)" > "$out/versions.txt" 2>&1
-timeout -k 5 $(( limit + 25 )) python3 benchmarks/vram/families.py --out "$out" --time-limit-s "$limit" \
+timeout -k 5 $(( limit + 20 )) python3 benchmarks/vram/families.py --out "$out" --time-limit-s "$limit" \
   2> >(grep -v "warnings.warn\|UserWarning\|FutureWarning" > "$out/log.txt")
 echo "exit $? after $(( $(date +%s) - start )) s" >> "$out/log.txt"
 [ -f "$out/DONE" ] || echo '{"incomplete": true}' > "$out/DONE"
