@@ -67,8 +67,10 @@ def recognise_hardware(log: Log, ctx: Context) -> list[Finding]:
     ecc = log.search(_ECC)
     codes = {c for c, _ in xids}
     hw_codes = {c for c in codes if XID.get(c, ("", "hardware"))[1] == "hardware"}
-    if not (hw_codes or off or ecc):
+    if not (codes or off or ecc):
         return []
+    if not (hw_codes or off or ecc):
+        return [_software_xid(log, xids)]
     causes = []
     for code, m in xids:
         meaning = XID.get(code, (f"Xid {code}", "unknown"))[0]
@@ -82,6 +84,15 @@ def recognise_hardware(log: Log, ctx: Context) -> list[Finding]:
     last = max([m.end() for _, m in xids] + [x.end() for x in (off, ecc) if x])
     return [Finding("gpu_hardware", "the GPU reported a hardware fault", causes, _hardware_fix(codes, bool(off)) + ".",
                     score=95, position=last, figures_from_log={"xid": sorted(codes)} if codes else {})]
+
+
+def _software_xid(log: Log, xids: list[tuple[int, re.Match]]) -> Finding:
+    causes = [Cause(f"Xid {code}: {XID.get(code, ('an Xid NVIDIA does not list as a hardware fault', ''))[0]}",
+                    log.line_of(m)) for code, m in xids]
+    return Finding("gpu_hardware", "the driver logged an Xid that points at the application, not the card", causes,
+                   "find the failing kernel (CUDA_LAUNCH_BLOCKING=1, compute-sanitizer); update the driver and the "
+                   "library that launched it; suspect the card only if hardware Xids (48, 63, 64, 79, 94, 95) follow.",
+                   score=65, position=xids[-1][1].end(), figures_from_log={"xid": sorted({c for c, _ in xids})})
 
 
 def recognise_illegal_access(log: Log, ctx: Context) -> list[Finding]:

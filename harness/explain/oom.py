@@ -24,8 +24,9 @@ _TORCH_ALLOC = re.compile(rf"Of the allocated memory {SIZE} is allocated by PyTo
 _UNALLOCATED = re.compile(rf"and {SIZE} is reserved by PyTorch but unallocated", re.I)
 _PROCESS = re.compile(rf"Process (\d+) has {SIZE} memory in use", re.I)
 _THIS_PROCESS = re.compile(rf"this process has {SIZE} memory in use", re.I)
-CUDA_OOM = (r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|"
-            r"cudaErrorMemoryAllocation")
+# the error itself, not a sentence about it ("to avoid CUDA out of memory, ...")
+CUDA_OOM = (r"(?:Error|error|ERROR)\W{1,3}(?:CUDA )?out of memory|CUDA out of memory\. Tried to allocate|"
+            r"OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation")
 GRAPH_CAPTURE = r"captur\w* (?:the )?cuda ?graph|cuda ?graph\w* captur|capture_model|graph capturing|cudagraph"
 HOST_KILL = (r"(?:^|\]|\s)Killed\s*$|Out of memory: Killed process|oom-kill|invoked oom-killer|exit(?:ed)? "
              r"(?:with )?(?:code|status)[ :]*137|exitcode\s*:\s*-9|signal 9|SIGKILL|DefaultCPUAllocator: can't "
@@ -175,7 +176,7 @@ def recognise_host_oom(log: Log, ctx: Context) -> list[Finding]:
                             log.evidence(r"docker|container|kubernetes|cgroup|WSL") or evidence))
     fix = ("give the process more host RAM (or swap): load with torch_dtype=torch.bfloat16 and device_map=\"auto\" "
            "(low_cpu_mem_usage: one shard at a time, straight to the GPU), prefer safetensors shards over .bin, "
-           "close other programs, and raise the container/WSL/VM memory limit if there is one")
+           "close other programs, and raise the container/WSL/VM memory limit if there is one.")
     score = 75 if (dmesg or loading) else 55
     return [Finding("host_oom", "the process was killed for lack of host memory"
                     + (" while loading the model" if loading else ""), causes, fix, score=score, position=m.end())]

@@ -93,7 +93,7 @@ def vllm_plan(ctx: Context, gpu: Gpu | None, utilization: float, max_model_len: 
 def utilization_that_starts(free_bytes: float, total_bytes: float, margin: float = 0.01) -> float:
     """vLLM V1 refuses to start unless free >= utilization x total: the largest two-decimal
     utilization under free/total, less a margin for what the next start's context takes."""
-    return max(0.0, math.floor(100 * free_bytes / total_bytes) / 100 - margin)
+    return round(max(0.0, math.floor(100 * free_bytes / total_bytes) / 100 - margin), 2)
 
 
 def torch_index_for_driver_cuda(major: int, minor: int) -> str | None:

@@ -26,8 +26,8 @@ _KV_V1 = (r"max seq len \((\d+)\),?\s*\(?([\d.]+) GiB KV cache is needed, which 
           r"cache memory \(([\d.]+) GiB\)")
 _KV_V1_EST = r"estimated maximum model length is (\d+)"
 _NO_BLOCKS = r"No available memory for the cache blocks"
-_FREE = (r"Free memory on device(?: (\S+))? \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory "
-         r"utilization \(([\d.]+), ([\d.]+) GiB\)")
+_FREE = (r"(?:Free|Available) memory on (?:device|node)(?: (\S+))? \(([\d.]+)/([\d.]+) GiB\) on startup is less "
+         r"than (?:(?:the )?desired (?:GPU|CPU) memory utilization|the engine's budget[^(]*)\s*\(([\d.]+), ([\d.]+) GiB\)")
 _QUANT = (r"quantization method ([\w-]+) is not supported for the current GPU\.?\s*Minimum capability:\s*(\d+)\.?\s*"
           r"Current capability:\s*(\d+)")
 _SCHEME = r"Quantization scheme is not supported for\s*the current GPU\.?\s*Min capability:\s*(\d+)\.?\s*Current capability:\s*(\d+)"
