@@ -8,6 +8,7 @@ Ctrl-C, after writing what finished.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -121,6 +122,7 @@ def run(args) -> int:
         quiet=args.quiet,
         prompt_calibration=args.prompt_calibration,
         workers=workers,
+        report_dir=Path(os.environ.get("HARNESS_REPORT_DIR") or "reports"),
     )
     try:
         data = run_bench(cfg)

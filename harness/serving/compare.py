@@ -184,21 +184,48 @@ def _noise(runs: list[dict], key: str) -> float:
     return _median(values) if values else 0.0
 
 
-def client_margins(base: list[dict], cand: list[dict], source: str, base_value: float) -> tuple[float, float]:
+# Which figure of the client's event-loop lag bounds how late a latency statistic was timed: a
+# median or mean over requests can be late by what a typical stall costs (its p99 over the probe's
+# samples), a p99 or max by the worst stall (issue 25: TTFT p99 36 -> 233 ms, loop lag p99 239 ms).
+LAG_FOR_STAT = {"mean": "p99", "p50": "p99", "p90": "p99", "p95": "p99", "p99": "max", "max": "max"}
+
+
+def _loop_lag(runs: list[dict], stat: str) -> float:
+    """The worst over runs of the loop-lag figure that bounds `stat` (ms); older results without
+    a loop-lag summary give their mean loop lag."""
+    key = LAG_FOR_STAT.get(stat, "max")
+    values = []
+    for run in runs:
+        lag = (run.get("loop_lag_ms") or {}).get(key)
+        if not isinstance(lag, (int, float)) or isinstance(lag, bool) or not math.isfinite(lag):
+            lag = (run.get("client_noise") or {}).get("loop_lag_mean_ms")
+        if isinstance(lag, (int, float)) and not isinstance(lag, bool) and math.isfinite(lag):
+            values.append(max(0.0, float(lag)))
+    return max(values) if values else 0.0
+
+
+def client_margins(base: list[dict], cand: list[dict], source: str, base_value: float,
+                   stat: str = "p50") -> tuple[float, float]:
     """(worse, better): how much of a worsening / an improvement of a metric what the client
     measured could account for, as a share of the baseline value.
 
-    - its own share of the slots' time (throughput) or its event-loop lag (latency);
+    - latency: every timestamp the client took is late by up to its event-loop lag, in the same
+      run: a worsening is discounted by the candidate's own lag, an improvement by the baseline's
+      (LAG_FOR_STAT: the p99 of its lag for a median or mean, its worst stall for a p99);
+    - throughput: the client's own share of the slots' time (schedule lag, ends noticed late,
+      and the time its loop stood still), the candidate's against the baseline's;
     - the machine's CPU contention from others ((cores + other runnable tasks) / cores, measured
       with the server idle): a CPU-bound server gets 1/contention of the cores it would have alone,
       so contention 2.0 against 1.5 explains a third more latency and a quarter less throughput;
     - the machine's CPU pressure (PSI), where it is not saturated.
     """
-    if source == "run":  # throughput: the client's own share of the slots' time
-        client = _noise(cand, "client_time_share") - _noise(base, "client_time_share")
-    else:  # latency: every timestamp is late by about the loop lag
-        lag = _noise(cand, "loop_lag_mean_ms") - _noise(base, "loop_lag_mean_ms")
-        client = lag / base_value if base_value > 0 else 0.0
+    if source == "run":  # throughput
+        share = lambda runs: _noise(runs, "client_time_share") + _noise(runs, "loop_stall_share")  # noqa: E731
+        client = share(cand) - share(base)
+        client_worse, client_better = max(0.0, client), max(0.0, -client)
+    else:
+        scale = base_value if base_value > 0 else math.inf
+        client_worse, client_better = _loop_lag(cand, stat) / scale, _loop_lag(base, stat) / scale
     c_b, c_c = _noise(base, "cpu_contention") or 1.0, _noise(cand, "cpu_contention") or 1.0
     if source == "run":  # throughput scales with 1/contention
         worse_env, better_env = max(0.0, 1 - c_b / c_c), max(0.0, 1 - c_c / c_b)
@@ -206,7 +233,7 @@ def client_margins(base: list[dict], cand: list[dict], source: str, base_value: 
         worse_env, better_env = max(0.0, c_c / c_b - 1), max(0.0, c_b / c_c - 1)
     pressure = _noise(cand, "cpu_pressure_share") - _noise(base, "cpu_pressure_share")
     worse_env, better_env = max(worse_env, pressure), max(better_env, -pressure)
-    return max(0.0, client) + worse_env, max(0.0, -client) + better_env
+    return client_worse + worse_env, client_better + better_env
 
 
 def compare(
@@ -261,7 +288,7 @@ def compare(
             if policy == "vllm-ci":
                 changes.append(_vllm_ci(lvl, metric, bv, cv, th, worse_up))
             else:
-                changes.append(_harness(lvl, metric, source, b, c, bv, cv, th, worse_up))
+                changes.append(_harness(lvl, metric, source, b, c, bv, cv, th, worse_up, stat_name))
     behaviours = _behaviours(baseline, candidate, base_runs, cand_runs)
     regressed = any(c.verdict == "regressed" for c in changes) or any(b.startswith("REGRESSION") for b in behaviours)
     return Comparison(changes=changes, behaviours=behaviours, allowed_differences=diffs, regressed=regressed,
@@ -279,13 +306,13 @@ def _vllm_ci(lvl, metric, bv, cv, th, worse_up) -> MetricChange:
                         note=f"median of {len(bv)} vs {len(cv)} runs")
 
 
-def _harness(lvl, metric, source, b, c, bv, cv, th, worse_up) -> MetricChange:
+def _harness(lvl, metric, source, b, c, bv, cv, th, worse_up, stat="p50") -> MetricChange:
     interval = log_ratio_interval(bv, cv)
     geo_b = math.exp(statistics.fmean(math.log(v) for v in bv))
     geo_c = math.exp(statistics.fmean(math.log(v) for v in cv))
     change = geo_c / geo_b - 1
     worse = change if worse_up else -change
-    margin_worse, margin_better = client_margins(b, c, source, geo_b)
+    margin_worse, margin_better = client_margins(b, c, source, geo_b, stat)
     if interval is None:
         verdict = "inconclusive" if abs(worse) > th else "unchanged"
         return MetricChange(lvl, metric, geo_b, geo_c, change, None, None, th, worse_up, verdict,

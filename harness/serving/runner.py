@@ -13,7 +13,7 @@ import aiohttp
 
 from .. import __version__
 from ..errors import CheckFailed, UsageError
-from . import hostload, metrics, prompts, results
+from . import capacity, hostload, metrics, prompts, results
 from .client import LoadResult, RequestSpec, Target, client_json_parser, make_session, run_load
 from .stats import SLO, summarize_run
 from .workers import default_workers, run_load_workers
@@ -47,6 +47,7 @@ class BenchConfig:
     progress: bool | None = None  # the ticking "n/N requests" lines; default: when stderr is a terminal
     prompt_calibration: str = "auto"  # prompts.METHODS
     workers: int | None = None  # client worker processes; None: the cores nobody else uses (workers.py)
+    report_dir: Path = Path("reports")  # where a saved client calibration is looked for (capacity.py)
 
 
 def _say(cfg: BenchConfig, text: str) -> None:
@@ -140,10 +141,13 @@ async def run_bench_async(cfg: BenchConfig) -> dict:
         levels = cfg.concurrencies if not cfg.request_rate else [cfg.concurrencies[0] if cfg.concurrencies else None]
         for level in levels:
             for rep in range(cfg.repeats):
+                warm = None
                 if warm_specs:
-                    await run_load(cfg.target, warm_specs, concurrency=min(len(warm_specs), level or 1), session=session)
+                    warm = await run_load(cfg.target, warm_specs, concurrency=min(len(warm_specs), level or 1),
+                                          session=session)
                 try:
-                    run = await _one_run(cfg, session, specs, level, rep, tokenizer, calibration.tolerance)
+                    run = await _one_run(cfg, session, specs, level, rep, tokenizer, calibration.tolerance,
+                                         warm, data["environment"]["machine"])
                 except Interrupted as stop:
                     data["runs"].append(stop.run)
                     data["interrupted"] = True
@@ -185,7 +189,24 @@ async def _warmup_specs(session, cfg: BenchConfig, calibration, tokenizer) -> li
     return await prompts.build_specs(session, cfg.target, warm, calibration, tokenizer)
 
 
-async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int) -> dict:
+def seconds_per_token(warm: LoadResult | None) -> float | None:
+    """The median gap between a warm-up stream's tokens (None without at least one gap)."""
+    from .stats import itls_s, percentile
+
+    gaps = [g for r in (warm.records if warm else []) if r.ok for g in itls_s(r)]
+    return percentile(gaps, 50) if gaps else None
+
+
+def _capacity_check(cfg: BenchConfig, level, workers: int, warm, machine: dict) -> dict:
+    cap = capacity.for_machine(cfg.report_dir, machine, workers)
+    want, how = capacity.asked_rate(level, cfg.request_rate, cfg.workload.output_len, seconds_per_token(warm))
+    check = capacity.warning(want, how, workers, cap)
+    if check["warning"]:
+        _say(cfg, "warning: " + check["warning"])
+    return check
+
+
+async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int, warm=None, machine=None) -> dict:
     label = f"rate {cfg.request_rate:g}/s" if cfg.request_rate else f"concurrency {level}"
     before = await metrics.settled(session, cfg.target.base_url)
     sampler = metrics.Sampler(session, cfg.target.base_url, cfg.metrics_interval_s) if before else None
@@ -207,6 +228,7 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int) -
     records: list = []
     idle = await hostload.sample_runnable()  # the machine's load from others, our server idle
     n_workers = cfg.workers or default_workers(hostload.cores(), hostload.background(idle)["background_runnable"])
+    check = _capacity_check(cfg, level, n_workers, warm, machine or {}) if rep == 0 else None
     try:
         if n_workers > 1:
             load = await run_load_workers(cfg.target, specs, workers=n_workers, concurrency=level,
@@ -231,12 +253,15 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int) -
     after = await metrics.settled(session, cfg.target.base_url) if before else None
     idle += await hostload.sample_runnable()
     load.host.update(hostload.background(idle))
-    return summarize_run(
+    run = summarize_run(
         load, concurrency=level, request_rate=cfg.request_rate, slo=cfg.slo,
         server_delta=metrics.delta(before, after), server_timeseries=series,
         count_output=tokenizer.count_output if tokenizer else None,
         keep_requests=cfg.keep_requests, repeat=rep, prompt_tolerance=tolerance,
     )
+    if check:
+        run["client_capacity"] = check
+    return run
 
 
 def _run_line(run: dict) -> str:

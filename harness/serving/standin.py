@@ -19,6 +19,7 @@ plus, per whitespace-separated word, one token per started 8 characters; a chat 
 words plus a 5-token template. `--tokenize` adds vLLM's POST /tokenize (without it the harness
 must calibrate prompt lengths from usage).
 Run: python -m harness.serving.standin --port 8001 [--ttft-ms 20] [--token-interval-ms 10] [--tokenize]
+     [--processes N]
 """
 
 from __future__ import annotations
@@ -185,24 +186,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--token-interval-ms", type=float, default=10.0)
     parser.add_argument("--tokenize", action="store_true", help="serve POST /tokenize as vLLM does")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="serve from this many processes on one port (SO_REUSEPORT), so that the stand-in "
+                             "outruns a multi-process client; /metrics then counts one process's share")
     args = parser.parse_args(argv)
     from aiohttp import web
 
-    web.run_app(make_app(args.ttft_ms / 1000, args.token_interval_ms / 1000, tokenize=args.tokenize),
-                host="127.0.0.1", port=args.port,
+    seed = 0
+    for k in range(1, max(1, args.processes)):  # the launcher stops the whole process group
+        if os.fork() == 0:
+            seed = k
+            break
+    web.run_app(make_app(args.ttft_ms / 1000, args.token_interval_ms / 1000, seed=seed, tokenize=args.tokenize),
+                host="127.0.0.1", port=args.port, reuse_port=args.processes > 1,
                 print=None, backlog=4096, access_log=None, shutdown_timeout=1.0)
     return 0
 
 
 @contextlib.contextmanager
 def run_standin(ttft_ms: float = 20.0, token_interval_ms: float = 10.0, log_dir: Path | None = None,
-                tokenize: bool = False) -> Iterator:
+                tokenize: bool = False, processes: int = 1) -> Iterator:
     """The stand-in in its own process (so it never competes with the client's event loop)."""
     from .launcher import free_port, start_process
 
     port = free_port()
     command = [sys.executable, "-m", "harness.serving.standin", "--port", str(port),
-               "--ttft-ms", str(ttft_ms), "--token-interval-ms", str(token_interval_ms)] + (["--tokenize"] if tokenize else [])
+               "--ttft-ms", str(ttft_ms), "--token-interval-ms", str(token_interval_ms),
+               "--processes", str(processes)] + (["--tokenize"] if tokenize else [])
     root = str(Path(__file__).resolve().parents[2])
     env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     log_path = Path(log_dir) / f"standin-{port}.log" if log_dir else None

@@ -149,12 +149,14 @@ def prompt_lengths(records: Sequence[RequestRecord], tolerance: int) -> dict:
     }
 
 
-def client_noise(records: Sequence[RequestRecord], loop_lag: dict, host: dict) -> dict:
+def client_noise(records: Sequence[RequestRecord], loop_lag: dict, host: dict, stall_share: float | None = None) -> dict:
     """The client's own share in what it measured (the gate's noise model reads these).
 
     client_time_share: of the time requests occupied the client's slots, the part the client
     added itself: schedule lag, plus the event-loop lag by which each request's end was noticed
     late. A slower client lowers closed-loop throughput by about this share.
+    loop_stall_share: the share of the run its event loop(s) stood still (the probe's lateness
+    summed: one sample per stall carries the whole stall), per worker process.
     """
     sent = [r for r in records if r.sent_s > 0 or r.end_s > 0]
     lag = sum(max(0.0, r.schedule_lag_s) for r in sent)
@@ -165,6 +167,7 @@ def client_noise(records: Sequence[RequestRecord], loop_lag: dict, host: dict) -
         "client_time_share": added / (lag + busy) if lag + busy > 0 else None,
         "schedule_lag_share": lag / (lag + busy) if lag + busy > 0 else None,
         "loop_lag_mean_ms": loop_lag.get("mean"),
+        "loop_stall_share": stall_share,
         **host,
     }
 
@@ -236,7 +239,7 @@ def summarize_run(
         "client_bound": bool(reasons),
         "client_bound_reasons": reasons,
         "timing_warnings": warnings,
-        "client_noise": client_noise(records, loop_lag, load.host),
+        "client_noise": client_noise(records, loop_lag, load.host, stall_share(load)),
         "prompt_tokens": prompt_lengths(records, prompt_tolerance),
         "token_accounting": token_accounting(records, server_delta, count_output),
         "server_metrics": server_delta,
@@ -249,6 +252,12 @@ def summarize_run(
     if keep_requests:
         run["requests"] = [_compact(r) for r in records]
     return run
+
+
+def stall_share(load: LoadResult) -> float | None:
+    if not load.duration_s or load.duration_s <= 0:
+        return None
+    return sum(load.loop_lag_s) / (max(1, len(load.workers)) * load.duration_s)
 
 
 def client_workers(load: LoadResult) -> dict:
