@@ -1,4 +1,4 @@
-"""`python -m harness <command>`: one entry per command of design.md.
+"""`python -m harness <command>`: one entry per command of docs/architecture.md.
 
 Each command lives in harness/commands/<module>.py and exposes ``add_arguments(parser)`` and
 ``run(args) -> int``. A command whose module does not exist yet says so and exits 2: nothing

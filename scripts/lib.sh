@@ -44,7 +44,7 @@ ensure_harness_venv() {
   say ".venv ready"
 }
 
-ensure_vllm_venv() {  # the CPU build of vLLM, in its own venv (facts.md: three traps)
+ensure_vllm_venv() {  # the CPU build of vLLM, in its own venv (docs/architecture.md: three traps)
   local version="$1" venv="$ROOT/.venvs/vllm-$1"
   local want
   want="$(vllm_stamp "$version")"

@@ -1,4 +1,4 @@
-"""`python -m harness estimate` and `plan`: the design.md contract, and bad input -> exit 2."""
+"""`python -m harness estimate` and `plan`: the docs/architecture.md contract, and bad input -> exit 2."""
 
 from __future__ import annotations
 

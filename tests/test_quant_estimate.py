@@ -116,11 +116,11 @@ def test_w4a16_weights_pack_four_bits_with_a_scale_per_group():
     asym = E.w4a16_linear_bytes(n_in, n_out, zero_points=True, rounded=False)
     assert asym - stored == (n_out // 8) * (n_in // 128) * 4  # int32-packed 4-bit zero points
     assert E.quantized_linear_bytes(n_in, n_out, "w4a16") == E.w4a16_linear_bytes(n_in, n_out)
-    # qwen2.5-7b: facts.md measured 5.55 GB stored (W4A16 group 128, lm_head and embedding bf16)
+    # qwen2.5-7b: docs/architecture.md: measured 5.55 GB stored (W4A16 group 128, lm_head and embedding bf16)
     s = E.model_shape("qwen2.5-7b")
     est = E.estimate(s, E.Query("w4a16", "weights"))
     assert est.breakdown["weights"] == pytest.approx(5.55e9, rel=0.01)
-    # transformers decompresses it at the first forward: 15.4 GB allocated (facts.md), the bf16 figure
+    # transformers decompresses it at the first forward: 15.4 GB allocated (docs/architecture.md), the bf16 figure
     assert est.breakdown["transformers_decompressed_weights"] == E.weight_bytes(s, "bf16")
     assert est.breakdown["transformers_decompressed_weights"] == pytest.approx(15.4e9, rel=0.02)
 

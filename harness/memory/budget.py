@@ -23,7 +23,7 @@ from .weights import PRECISIONS, weight_bytes
 from ..units import format_bytes
 
 # CUDA context + driver reservations of one process on a small consumer card with lazy module
-# loading (facts.md: ~290-430 MB). Measured on the GPU the budget runs on when it can be.
+# loading (docs/architecture.md: ~290-430 MB). Measured on the GPU the budget runs on when it can be.
 DEFAULT_CONTEXT_BYTES = 400 * 1024**2
 # Headroom on the predicted allocator peak for inference: the caching allocator rounds blocks and
 # splits segments, so at the cap it needs a little more than the allocated peak. On the H200 matrix

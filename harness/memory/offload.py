@@ -5,7 +5,7 @@ for the placement `from_pretrained(device_map="auto", max_memory=...)` would cho
 (the GPU gets the budget after the CUDA context, the headroom and the runtime memory of the context
 asked for; the CPU gets the host RAM), and sums the bytes per device.
 
-Decode time per token (facts.md, Offload): offloaded layers still run on the GPU; accelerate's hooks
+Decode time per token (docs/architecture.md, Memory: offload): offloaded layers still run on the GPU; accelerate's hooks
 copy their weights host -> device on every forward, from ordinary (pageable) host memory, and drop
 them afterwards. So every generated token re-sends every offloaded byte:
 

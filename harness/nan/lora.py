@@ -25,7 +25,7 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 def lora_config(r: int = 8, alpha: int | None = None, targets: Sequence[str] = DEFAULT_TARGETS,
                 dropout: float = 0.05, **extra: Any):
-    """A causal-LM LoraConfig; alpha defaults to 2r (the convention of design.md)."""
+    """A causal-LM LoraConfig; alpha defaults to 2r (the convention of docs/architecture.md)."""
     from peft import LoraConfig, TaskType
 
     return LoraConfig(

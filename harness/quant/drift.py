@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 # Mean KL (nats per token) above which a quantized model is said to have drifted. A good W4A16
 # GPTQ/AWQ of a real 7B model lands around 0.01-0.03 in llama.cpp's KL statistics (Q4_K_M ~0.03);
-# the tiny models here land far below (facts.md: ~0.0005-0.0007). 0.05 passes every sane 4-bit
+# the tiny models here land far below (docs/architecture.md: ~0.0005-0.0007). 0.05 passes every sane 4-bit
 # quantization and fails a broken one (wrong scales or zero points give KL of order 1).
 DEFAULT_MAX_MEAN_KL = 0.05
 

@@ -1,6 +1,6 @@
 """Asynchronous OpenAI-compatible streaming load client: one asyncio process, raw events kept.
 
-Conventions (design.md): TTFT is send -> first chunk whose text is non-empty (a role-only chat
+Conventions (docs/architecture.md, Measurement conventions): TTFT is send -> first chunk whose text is non-empty (a role-only chat
 delta is not a token); a request fails on a non-2xx status, an in-band error frame, a stream that
 ends without ``[DONE]``, a stream with no content, a timeout or a broken connection.
 
@@ -246,7 +246,7 @@ async def send_one(
 
 
 def make_session(limit: int = 0) -> aiohttp.ClientSession:
-    # A large read buffer: small ones throttle long streams (facts.md); no connection cap.
+    # A large read buffer: small ones throttle long streams (docs/architecture.md, Serving benchmarks); no connection cap.
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=limit, force_close=False),
         read_bufsize=2**20,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-# The names the harness reads (facts.md, "current names"); a suite checks they exist.
+# The names the harness reads (docs/architecture.md, Serving benchmarks: "current names"); a suite checks they exist.
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 RUNNING = "vllm:num_requests_running"

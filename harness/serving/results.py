@@ -1,4 +1,4 @@
-"""Bench results JSON (schema_version 1, design.md): writing atomically, reading and validating
+"""Bench results JSON (schema_version 1, docs/architecture.md): writing atomically, reading and validating
 against the schema shipped beside this module (bench_results.schema.json), fingerprints."""
 
 from __future__ import annotations

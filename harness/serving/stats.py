@@ -1,6 +1,6 @@
-"""From raw request events to the figures of one run (design.md schema, `runs[]` entries).
+"""From raw request events to the figures of one run (docs/architecture.md schema, `runs[]` entries).
 
-Definitions, said once because tools disagree (facts.md): TTFT = send -> first content chunk;
+Definitions, said once because tools disagree (docs/architecture.md): TTFT = send -> first content chunk;
 TPOT = (E2E - TTFT) / (output tokens - 1) per request (vLLM's meaning; AIPerf calls this ITL);
 ITL = every gap between consecutive content chunks, pooled over requests; E2E = send -> end.
 Only successful requests enter latency figures; failures count in goodput's denominator.

@@ -90,7 +90,7 @@ def test_engine_crash_mid_stream_is_never_counted_as_success(server_pool, record
             health = resp.status
     except urllib.error.HTTPError as exc:
         health = exc.code
-    except OSError:  # the crash took the whole server down (facts.md): nothing listens any more
+    except OSError:  # the crash took the whole server down (docs/architecture.md): nothing listens any more
         health = None
     (probe,) = asyncio.run(run_load(served.target(30), [RequestSpec(specs[0].prompt, 256, 1)], concurrency=1)).records
     cause = sorted(set(re.findall(r"RuntimeError: [^\n]{0,80}", served.process.log_text()))) if served.process else []
