@@ -208,15 +208,18 @@ def infer_worker(arch: str, precision: str, model_dir: Path, out: Path, device: 
 # Scheduling
 
 
-def save_models(archs, root: Path, device: str, deadline: float) -> dict[str, Path]:
+def save_models(archs, root: Path, device: str, deadline: float, log_dir: Path | None = None) -> dict[str, Path]:
     procs = {}
+    root.mkdir(parents=True, exist_ok=True)
     for arch in archs:
         path = root / arch
         if (path / "config.json").exists():
             continue
         code = ("from harness.models import save_random_model; "
                 f"save_random_model({arch!r}, {str(path)!r}, dtype='bf16', device={device!r})")
-        procs[arch] = subprocess.Popen([sys.executable, "-c", code], env=py_env())
+        log_path = root.parent / f"save-{arch}.log" if log_dir is None else log_dir / f"save-{arch}.log"
+        procs[arch] = subprocess.Popen([sys.executable, "-c", code], env=py_env(), stdout=subprocess.DEVNULL,
+                                       stderr=open(log_path, "w"))
     for arch, proc in procs.items():
         try:
             proc.wait(timeout=max(5, deadline - time.time()))
@@ -318,7 +321,8 @@ def main(argv=None) -> int:
 
         model_dirs = {"qwen2.5-0.5b": tiny_model_dir("qwen2")}
     else:
-        model_dirs = save_models(FAMILIES, Path(args.model_root), args.device, T0 + 90)
+        (out / "logs").mkdir(exist_ok=True)
+        model_dirs = save_models(FAMILIES, Path(args.model_root), args.device, T0 + 90, out / "logs")
     counts = run_jobs(jobs, model_dirs, out, args.device, deadline, args.slots)
     log(f"finished: {counts}")
     atomic.write_json(out / "DONE", dict(counts, seconds=round(time.time() - T0, 1)))
