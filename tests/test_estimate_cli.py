@@ -102,11 +102,12 @@ def test_plan_says_what_fits_on_6gib(capsys):
     assert plans["nf4"]["fits"] and plans["nf4"]["max_seq_len"] > plans["int8"]["max_seq_len"] > 0
     assert plans["nf4-dq"]["max_batch"] >= plans["nf4"]["max_batch"] >= 1
     # the plan is consistent with the estimator: the longest context fits, one more token does not
+    from harness.commands.model_options import DEFAULT_NEW_TOKENS as new
     from harness.memory import budget as B, estimate as E
 
     shape = E.model_shape("qwen2.5-3b")
     best = plans["nf4"]["max_seq_len"]
-    peak = lambda s: E.estimate(shape, E.Query("nf4", "generate", seq_len=s - 128, new_tokens=128)).peak_bytes  # noqa: E731
+    peak = lambda s: E.estimate(shape, E.Query("nf4", "generate", seq_len=s - new, new_tokens=new)).peak_bytes  # noqa: E731
     assert B.fits(peak(best), data["budget_bytes"], data["context_bytes"], data["headroom"])
     assert not B.fits(peak(best + 1), data["budget_bytes"], data["context_bytes"], data["headroom"])
 
@@ -118,3 +119,29 @@ def test_plan_train_and_bad_budget():
     assert r.returncode == 2 and "not a size" in r.stderr
     r = cli("plan", "--config", "qwen2.5-1.5b", "--budget", "300MiB")
     assert r.returncode == 2 and "CUDA context" in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--lora-r", "8,16"], "--lora-r: '8,16' is a list"),
+    (["--new-tokens", "x"], "--new-tokens: 'x' is not an integer"),
+    (["--budget", "6"], "--budget: '6' has no unit: 6GiB or 6GB?"),
+    (["--budget", "6G"], "--budget: '6G' is ambiguous"),
+    (["--optimizer", "sgd"], "--optimizer: unknown optimizer 'sgd'"),
+    (["--context-bytes", "400"], "--context-bytes: '400' has no unit"),
+])
+def test_estimate_and_plan_read_their_shared_options_alike(args, needle):
+    """The options both commands declare (harness/commands/model_options.py) fail the same way in each."""
+    for cmd in (["estimate", "--config", "qwen2.5-0.5b", "--mode", "train"],
+                ["plan", "--config", "qwen2.5-0.5b", "--train"] + ([] if "--budget" in args else ["--budget", "6GiB"])):
+        r = cli(*cmd, *args)
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, (cmd, r.stderr)
+
+
+def test_estimate_and_plan_count_the_same_generated_tokens(capsys):
+    """One --new-tokens default: plan's longest context holds what estimate's generate mode generates."""
+    from harness.commands.model_options import DEFAULT_NEW_TOKENS
+
+    assert main(["estimate", "--config", "qwen2.5-0.5b", "--mode", "generate", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["new_tokens"] == DEFAULT_NEW_TOKENS
+    assert main(["plan", "--config", "qwen2.5-0.5b", "--budget", "6GB", "--precision", "nf4"]) == 0
+    assert capsys.readouterr().out.startswith("budget 6 GB (5.59 GiB), CUDA context 400 MiB,")

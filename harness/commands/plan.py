@@ -8,30 +8,16 @@ import json
 import sys
 
 from . import plan_vllm
+from .model_options import SharedOptions, add_shared_options, read_precisions, read_shared_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="DIR|config.json|NAME",
-                        help="model directory, config.json, or a reference name (harness/configs)")
-    parser.add_argument("--budget", help="VRAM of the card, e.g. 6GiB, 8GB (required unless --engine vllm)")
+    add_shared_options(parser, precision_help="comma list (default: all; --offload: bf16)",
+                       budget_help="VRAM of the card, e.g. 6GiB or 8GB (required unless --engine vllm)")
     parser.add_argument("--train", action="store_true", help="plan LoRA/QLoRA training instead of inference")
-    parser.add_argument("--precision", default=None, help="comma list (default: all; --offload: bf16)")
-    parser.add_argument("--context-bytes", default=None,
-                        help="CUDA context + driver reservation to subtract (default 400MiB)")
     parser.add_argument("--headroom", type=float, default=None,
                         help="allocator reserve kept free, a fraction of the peak (default 0.03, training 0.057)")
-    parser.add_argument("--new-tokens", type=int, default=128, help="generated tokens counted in the context")
     parser.add_argument("--batch-seq-len", type=int, default=2048, help="sequence length for the batch limit")
-    parser.add_argument("--lora-r", type=int, default=16)
-    parser.add_argument("--lora-targets", default=None,
-                        help="--train: comma list of module names, or all-linear (default: all attention and MLP "
-                             "projections)")
-    parser.add_argument("--optimizer", default="adamw_torch",
-                        help="--train: adamw_torch, adamw_8bit, paged_adamw_32bit or paged_adamw_8bit")
-    gc = parser.add_mutually_exclusive_group()
-    gc.add_argument("--grad-checkpointing", dest="grad_checkpointing", action="store_true", default=True,
-                    help="--train with gradient checkpointing (default)")
-    gc.add_argument("--no-grad-checkpointing", dest="grad_checkpointing", action="store_false")
     parser.add_argument("--offload", action="store_true",
                         help="place the model with accelerate (GPU, then CPU, then disk) for this budget")
     parser.add_argument("--offload-seq-len", type=int, default=2048,
@@ -39,11 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-memory", default=None, help="--offload: host RAM for weights (default: available)")
     parser.add_argument("--hw-results", default=None,
                         help="--offload: results JSON of `pytest suites/hw --hw-level full` (measured bandwidths)")
-    parser.add_argument("--json", action="store_true")
     plan_vllm.add_arguments(parser)  # --engine and the vLLM options (issue 15)
 
 
-def _offload(args, budget, context, headroom, precisions):
+def _offload(args, opts: SharedOptions, headroom, precisions):
     from ..errors import UsageError
     from ..memory import offload as O
     from ..units import parse_bytes
@@ -55,8 +40,9 @@ def _offload(args, budget, context, headroom, precisions):
         raise UsageError(f"--offload-seq-len: {args.offload_seq_len} is out of range")
     bw = O.bandwidths_from_results(args.hw_results) if args.hw_results else O.Bandwidths()
     cpu = parse_bytes(args.cpu_memory, "--cpu-memory") if args.cpu_memory else None
-    return O.plan_offload(args.config, budget, precision, context_bytes=context, headroom=headroom,
-                          seq_len=args.offload_seq_len, new_tokens=min(args.new_tokens, args.offload_seq_len - 1),
+    return O.plan_offload(args.config, opts.budget_bytes, precision, context_bytes=opts.context_bytes,
+                          headroom=headroom, seq_len=args.offload_seq_len,
+                          new_tokens=min(opts.new_tokens, args.offload_seq_len - 1),
                           cpu_memory_bytes=cpu, bandwidths=bw)
 
 
@@ -67,30 +53,20 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..memory import budget as B
     from ..memory import estimate as E
-    from ..units import format_bytes, parse_bytes
+    from ..units import format_bytes, format_size
 
     if args.budget is None:
         raise UsageError("--budget is required (or plan vLLM's server with --engine vllm)")
-    budget = parse_bytes(args.budget, "--budget")
-    context = parse_bytes(args.context_bytes, "--context-bytes") if args.context_bytes else B.DEFAULT_CONTEXT_BYTES
+    opts = read_shared_options(args)
+    budget, context, targets = opts.budget_bytes, opts.context_bytes, opts.lora_targets
     if args.headroom is not None and not 0 <= args.headroom < 1:
         raise UsageError(f"--headroom: {args.headroom} must be in [0, 1)")
-    for name in ("new_tokens", "batch_seq_len", "lora_r"):
-        if getattr(args, name) < (0 if name == "new_tokens" else 1):
-            raise UsageError(f"--{name.replace('_', '-')}: {getattr(args, name)} is out of range")
+    if args.batch_seq_len < 1:
+        raise UsageError(f"--batch-seq-len: {args.batch_seq_len} is out of range")
     shape = E.model_shape(args.config)
     # a GGUF file brings its own precision ("gguf": its tensors as stored), planned first
     own = E.FILE_PRECISIONS if shape.stored_weights is not None and not args.train else ()
-    precisions = own + E.PRECISIONS
-    if args.precision:
-        precisions = tuple(p.strip().lower() for p in args.precision.split(",") if p.strip())
-        bad = [p for p in precisions if p not in E.PRECISIONS + own]
-        if bad:
-            raise UsageError(f"--precision: unknown {', '.join(bad)} (choose from {', '.join(own + E.PRECISIONS)})")
-    optimizer = E.optimizer_name(args.optimizer)
-    targets = E.DEFAULT_LORA_TARGETS
-    if args.lora_targets:
-        targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
+    precisions = read_precisions(args.precision, own + E.PRECISIONS, E.PRECISIONS + own)
     config, _ = E.load_config(args.config)
     note = None
     if args.train:
@@ -99,27 +75,27 @@ def run(args: argparse.Namespace) -> int:
     mode = "train" if args.train else "generate"
     headroom = B.default_headroom(mode) if args.headroom is None else args.headroom
     plans = B.plan(shape, budget, train=args.train, precisions=precisions, context_bytes=context,
-                   headroom=headroom, new_tokens=args.new_tokens, reference_seq_len=args.batch_seq_len,
-                   lora_r=args.lora_r, max_seq_len=limit.tokens, limit_source=limit.source,
-                   lora_targets=targets, grad_checkpointing=args.grad_checkpointing, optimizer=optimizer)
-    offload = _offload(args, budget, context, B.default_headroom("generate") if args.headroom is None
+                   headroom=headroom, new_tokens=opts.new_tokens, reference_seq_len=args.batch_seq_len,
+                   lora_r=opts.lora_r, max_seq_len=limit.tokens, limit_source=limit.source,
+                   lora_targets=targets, grad_checkpointing=opts.grad_checkpointing, optimizer=opts.optimizer)
+    offload = _offload(args, opts, B.default_headroom("generate") if args.headroom is None
                        else args.headroom, precisions) if args.offload else None
     if args.json:
         out = {"budget_bytes": budget, "context_bytes": context, "headroom": headroom, "mode": mode,
                "context_limit": limit.tokens, "context_limit_source": limit.source,
                "plans": [p.as_dict() | _engine(p.precision) for p in plans]}
         if args.train:
-            out.update(lora_r=args.lora_r, lora_targets=list(targets), optimizer=optimizer,
-                       grad_checkpointing=args.grad_checkpointing, lora_note=note)
+            out.update(lora_r=opts.lora_r, lora_targets=list(targets), optimizer=opts.optimizer,
+                       grad_checkpointing=opts.grad_checkpointing, lora_note=note)
         if offload is not None:
             out["offload"] = offload.as_dict()
         print(json.dumps(out, indent=1))
         return 0
     if note:
         print(f"note: {note}", file=sys.stderr)
-    recipe = (f"train (LoRA r={args.lora_r} on {','.join(targets)}, {optimizer}, "
-              f"{'with' if args.grad_checkpointing else 'without'} gradient checkpointing)") if args.train else "generate"
-    print(f"budget {format_bytes(budget)}, CUDA context {format_bytes(context)}, headroom {headroom:.1%}, "
+    recipe = (f"train (LoRA r={opts.lora_r} on {','.join(targets)}, {opts.optimizer}, "
+              f"{'with' if opts.grad_checkpointing else 'without'} gradient checkpointing)") if args.train else "generate"
+    print(f"budget {format_size(budget)}, CUDA context {format_size(context)}, headroom {headroom:.1%}, "
           f"model limit {limit.tokens or '-'} tokens, mode {recipe}")
     print(f"{'precision':9s} {'fits':4s} {'weights':>11s} {'max context':>11s} "
           f"{'max batch@' + str(min(args.batch_seq_len, limit.tokens or args.batch_seq_len)):>15s}  why")
@@ -135,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _engine(precision: str) -> dict:
     """Which engine loads a serving precision (w4a16, gguf) and what it holds."""
-    from ..memory.estimate import ENGINES
+    from ..memory.weights import ENGINES
 
     return {"engine": ENGINES[precision]} if precision in ENGINES else {}
 
