@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
-from . import consistency, deep as deep_scan, quantization
+from . import consistency, deep as deep_scan, gguf_dir, quantization
 from .findings import WARNING, Collector, DirReport
 from .paths import DirView, NotAFile, PathEscape
+from .loader_verdict import merge
 from .pickle_scan import PickleScan, scan_pickle_file
+from .read_child import read_all
 from .safetensors_header import HeaderProblem, SafetensorsHeader, read_header
 
 INDEX = "model.safetensors.index.json"
@@ -24,6 +26,10 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
     view = DirView.open(path)
     out = Collector()
     _check_entries(view, out, allow_remote_code, allow_pickle)
+    if gguf_dir.is_gguf_dir(view):  # llama.cpp's deliverable: architecture and tokenizer inside the file
+        gguf_dir.check_gguf_dir(view, out, deep=deep)
+        return DirReport(directory=str(view.root), findings=out.findings, deep=deep, bytes_read=view.bytes_read,
+                         files_checked=sum(1 for e in view.entries.values() if e.kind == "file"))
     config = _check_config(view, out, allow_remote_code)
     tokenizer_json = _check_tokenizer(view, out, allow_remote_code)
     _check_generation_config(view, out, config)
@@ -59,7 +65,20 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
 
 # -- entries: links, special files, code, pickles ------------------------------------------------
 
+def _loader_reads(view: DirView) -> dict:
+    """Every regular file read by the loaders' own code, in one bounded child process."""
+    files = []
+    for rel, entry in view.entries.items():
+        if entry.kind in ("file", "symlink") and view.exists(rel) and (entry.kind == "file" or entry.inside):
+            try:
+                files.append((str(view.resolve(rel)), rel))
+            except PathEscape:
+                continue
+    return read_all(files)
+
+
 def _check_entries(view: DirView, out: Collector, allow_remote_code: bool, allow_pickle: bool) -> None:
+    reads = _loader_reads(view)
     for rel, entry in view.entries.items():
         if entry.kind == "symlink" and not entry.inside:
             out.add("safety.path_escape", rel,
@@ -81,10 +100,10 @@ def _check_entries(view: DirView, out: Collector, allow_remote_code: bool, allow
             out.add("safety.python_file", rel,
                     "Python code in a model directory runs under trust_remote_code: remove it, or pass --allow-remote-code "
                     "if you reviewed it", severity=WARNING if allow_remote_code else None)
-        _check_pickle(view, rel, out, allow_pickle)
+        _check_pickle(view, rel, out, allow_pickle, reads.get(rel))
 
 
-def _check_pickle(view: DirView, rel: str, out: Collector, allow_pickle: bool) -> None:
+def _check_pickle(view: DirView, rel: str, out: Collector, allow_pickle: bool, read=None) -> None:
     """Every regular file is sniffed: pickles are found by content, whatever their name."""
     try:
         with view.open_binary(rel) as fh:
@@ -96,12 +115,16 @@ def _check_pickle(view: DirView, rel: str, out: Collector, allow_pickle: bool) -
         out.add("safety.pickle_unreadable", rel,
                 f"the pickle scan failed ({type(exc).__name__}: {exc}): do not load this file")
         return
+    scan = merge(scan, read)
     if scan.is_pickle:
         _report_pickle(rel, scan, out, allow_pickle)
 
 
 def _report_pickle(rel: str, scan: PickleScan, out: Collector, allow_pickle: bool) -> None:
     loader = "torch.load(weights_only=False), pickle.load or an old transformers"
+    for reason in scan.unverifiable[:3]:
+        out.add("safety.unverifiable", rel, f"cannot be verified: {reason}; the loaders would read it differently "
+                "than it can be checked: do not load this file")
     for problem in scan.problems[:3]:
         out.add("safety.archive_invalid", rel, f"{problem}: its pickles cannot be checked as a loader reads them; "
                 "do not load this file")
