@@ -77,9 +77,6 @@ def recognise_kv(log: Log, ctx: Context) -> list[Finding]:
         figures["gpu_memory_utilization"] = util
     computed = {"max_model_len": largest,
                 "source": "the log: the KV cache holds that many tokens, so one request of that length fits"}
-    need_util = None
-    if util and largest:
-        need_util = round(min(1.0, util * asked / largest), 2)  # upper bound: the KV share scales with (util - fixed)
     gpu = planners.gpu_for(ctx)
     planned = planners.safe(planners.vllm_plan, ctx, gpu, util or 0.9, asked, _version(log))
     if planned:
@@ -92,13 +89,22 @@ def recognise_kv(log: Log, ctx: Context) -> list[Finding]:
                             f"you need: vLLM reserves room for one full-length request", evidence))
     fix = (f"start with --max-model-len {largest} (or less): the largest length that fits at this utilization, "
            f"read from the log")
-    if util:
-        fix += (f"; or raise --gpu-memory-utilization from {util} (the KV cache grows with it: at most ~{need_util} "
-                f"for {asked} tokens if memory allows)")
+    if log.has(r"device_config=cpu|CPU backend|cpu_worker|VLLM_CPU_KVCACHE_SPACE"):
+        fix += "; or give the CPU backend a larger KV cache (VLLM_CPU_KVCACHE_SPACE, in GiB)"
+    elif asked > 1.5 * largest:
+        fix += (f"; raising --gpu-memory-utilization{' from ' + str(util) if util else ''} alone will not do: the KV "
+                f"cache would have to grow {asked / largest:.1f}x (quantize the KV cache with --kv-cache-dtype fp8, "
+                f"or the weights)")
     else:
-        fix += "; or raise --gpu-memory-utilization, or quantize the KV cache (--kv-cache-dtype fp8)"
-    if planned and "error" not in planned and planned.get("smallest_gpu_memory_utilization"):
-        fix += f"; the planner predicts --gpu-memory-utilization {planned['smallest_gpu_memory_utilization']} starts it"
+        fix += (f"; or raise --gpu-memory-utilization{' from ' + str(util) if util else ''} a little (the KV cache "
+                f"must grow {asked / largest:.2f}x), or quantize the KV cache (--kv-cache-dtype fp8)")
+    if planned and "error" not in planned:
+        if planned.get("smallest_gpu_memory_utilization"):
+            fix += (f"; the planner predicts --gpu-memory-utilization {planned['smallest_gpu_memory_utilization']} "
+                    f"starts {asked} tokens on {planned['card']}")
+        elif planned.get("starts"):
+            fix += (f"; the planner predicts {planned['kv_cache_tokens']} KV tokens for this model on {planned['card']}"
+                    f": the log's {largest} means other memory use or settings the plan was not given")
     return [Finding("vllm_startup", f"vLLM refused to start: one request of {asked} tokens does not fit the KV cache",
                     causes, fix + ".", score=90, position=m.end(), figures_from_log=figures, computed=computed)]
 
