@@ -29,6 +29,7 @@ from typing import Any
 from ..errors import UsageError
 from .calibration import (CALIBRATION, calibration_key, features, features_for, linear_sum,  # noqa: F401
                           precision_group, train_act_bytes, transient_bytes)
+from .families import decode_kv_tokens, inference_terms, train_terms, verification
 from .lora import (DEFAULT_LORA_TARGETS, OPTIMIZERS, LoraTargets, adapter_bytes, check_lora_targets,  # noqa: F401
                    lora_params, optimizer_name, resolve_lora_targets)
 from .shape import KNOWN_FAMILIES, LinearGroup, ModelShape, load_config, model_shape  # noqa: F401
@@ -77,6 +78,8 @@ class Estimate:
     lora_unmatched_targets: list[str] | None = None  # requested targets that match nothing
     reserve_bytes: int = 0  # allocator cache beyond the peak (RESERVE_FRACTION, fragmentation included)
     fragmentation_bytes: int = 0  # the part of the reserve for holes of large attention blocks
+    # was this family measured on a GPU for this mode, and through which path was it computed
+    verification: dict[str, Any] | None = None
 
     @property
     def planned_bytes(self) -> int:
@@ -117,6 +120,12 @@ def validate(q: Query) -> None:
 
 def estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> Estimate:
     """Predicted peak for one query. `calibration` overrides CALIBRATION entries (for fitting)."""
+    est = _estimate(shape, q, calibration)
+    est.verification = verification(shape.family, q.mode, shape.source)
+    return est
+
+
+def _estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> Estimate:
     validate(q)
     p, group = q.precision, precision_group(q.precision)
     act = dtype_bytes(p)
@@ -140,16 +149,22 @@ def estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> Es
                         source=shape.source, reserve_bytes=int(peak * reserve))
     kv_prefill = kv_cache_bytes(shape, p, q.batch, q.seq_len)
     logits = block_rounded(q.batch * shape.vocab * act) + block_rounded(q.batch * shape.vocab * 4)
-    transient = transient_bytes(f"prefill/{group}", feats, calibration)
+    scores = inference_terms(shape, shape.traits, q.batch, q.seq_len, act)  # eager attention families
+    transient = transient_bytes(f"prefill/{group}", feats, calibration) + scores
     prefill_peak = weights + kv_prefill + transient + logits
     breakdown.update(kv_cache=kv_prefill, activations=transient, logits=logits)
+    if scores:
+        breakdown["attention_scores"] = scores
     peak = prefill_peak
     if q.mode == "generate":
         total = q.seq_len + q.new_tokens
-        kv_final = kv_cache_bytes(shape, p, q.batch, total)
-        one_layer = kv_final // max(shape.layers, 1)  # torch.cat holds old + new of one layer
+        # sliding-window layers keep window - 1 tokens while decoding (full layers keep all)
+        kept = decode_kv_tokens(shape.traits, shape.layers, shape.sliding_window, total)
+        kv_final = int(kv_cache_bytes(shape, p, q.batch, total) * kept / total)
+        one_layer = kv_cache_bytes(shape, p, q.batch, total) // max(shape.layers, 1)  # torch.cat: old + new of one layer
         dfeats = features(shape, p, q.batch, 1, act)
-        decode_peak = weights + kv_final + one_layer + transient_bytes(f"prefill/{group}", dfeats, calibration) + logits
+        decode_peak = (weights + kv_final + one_layer + transient_bytes(f"prefill/{group}", dfeats, calibration)
+                       + inference_terms(shape, shape.traits, q.batch, 1, act) + logits)
         breakdown.update(kv_cache=kv_final, decode_peak=decode_peak, prefill_peak=prefill_peak)
         peak = max(prefill_peak, decode_peak)
     return Estimate(p, q.mode, q.seq_len, q.batch, int(peak), breakdown, new_tokens=q.new_tokens
@@ -212,7 +227,18 @@ def saved_activations(shape: ModelShape, q: Query) -> dict[str, int]:
     masked = shape.sliding_window is not None and q.seq_len >= shape.sliding_window
     masks = q.batch * q.seq_len * q.seq_len * (act + 1) if masked else 0  # float bias + the bool mask
     return {"lora_inputs": lora, "fused_qkv_saved": block_rounded(qk) * shape.layers,
-            "attention_masks": block_rounded(masks) * shape.layers}
+            "attention_masks": block_rounded(masks) * _sdpa_masked_layers(shape)}
+
+
+def _sdpa_masked_layers(shape: ModelShape) -> int:
+    """Layers whose SDPA call gets the explicit window mask: the sliding ones (Gemma-3: 5 of 6);
+    none for eager attention, which adds one shared float mask (families.train_terms)."""
+    traits = shape.traits
+    if traits is None:
+        return shape.layers
+    if traits.attention == "eager":
+        return 0
+    return min(traits.sliding_layers, shape.layers) if traits.sliding_layers else shape.layers
 
 
 def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None) -> Estimate:
@@ -225,10 +251,12 @@ def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None
         "weights_by_kind", "weights", "targets", "adapter", "static", "features", "key"))
     n_lora = sum(g.count * q.lora_r * (g.in_features + g.out_features) for g in targets.groups)
     saved = parts["saved"]
-    transient = transient_bytes(key, feats, calibration) + sum(saved.values())
     table = calibration if calibration is not None and key in calibration else CALIBRATION
     coeffs = table.get(key, {})
+    fam = family_train_terms(shape, q)
+    transient = _fitted_with_family(coeffs, feats, fam, q.grad_checkpointing) + sum(saved.values())
     loss = int(feats["tok_v"] * max([coeffs.get("tok_v", 0.0)] + [p.get("tok_v", 0.0) for p in coeffs.get("max", [])]))
+    loss += fam["logits"]
     grads_live = int(feats["grads"] * coeffs.get("grads", 0.0))
     step = ad["lora_grads"] + ad["optimizer_step_transient"]  # after backward: all grads + temp
     breakdown = {"weights": weights, "weights_by_kind": wb,
@@ -238,11 +266,33 @@ def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None
                  "paged_optimizer_states": ad["paged_optimizer_states"],
                  "optimizer_step_transient": ad["optimizer_step_transient"],
                  "activations": transient - loss - grads_live, "loss_logits": loss, **saved}
+    if any(fam.values()):
+        breakdown["family_terms"] = fam
     peak = static + max(transient, step)
     return Estimate(p, "train", q.seq_len, q.batch, int(peak), breakdown, lora_r=q.lora_r,
                     lora_targets=list(q.lora_targets), grad_checkpointing=q.grad_checkpointing,
                     params=shape.total_params, source=shape.source, optimizer=optimizer_name(q.optimizer),
                     lora_modules=targets.modules, lora_unmatched_targets=list(targets.unmatched))
+
+
+def family_train_terms(shape: ModelShape, q: Query) -> dict[str, int]:
+    """The family's exact extra terms (families.train_terms) for a training query."""
+    act = train_act_bytes(q.precision)
+    covered = act == 4 and shape.kv_heads < shape.heads  # fp32 GQA: the fit counts math-kernel scores
+    return train_terms(shape, shape.traits, q, act, act, covered)
+
+
+def _fitted_with_family(coeffs: dict, feats: dict, fam: dict[str, int], checkpointing: bool) -> int:
+    """The fitted transient with the family's terms where they happen: with checkpointing the
+    loss phase and the recomputed layer's phase peak apart (the "max" entry), so the logits extra
+    joins the first and the layer's extra the second; without it everything is saved at once."""
+    base = linear_sum(coeffs, feats)
+    phases = [linear_sum(p, feats) for p in coeffs.get("max", [])]
+    if checkpointing:
+        extra = [fam["logits"], fam["layer_transient"]]
+        phases = [v + (extra[i] if i < 2 else 0) for i, v in enumerate(phases)] or [max(extra)]
+        return int(base + max(phases)) + fam["step"]
+    return int(base + max(phases, default=0.0)) + fam["layer_saved"] + fam["logits"] + fam["step"]
 
 
 def _trainable(q: Query) -> Query:

@@ -14,8 +14,9 @@ from typing import Any
 
 from ..errors import UsageError
 from ..models import CONFIG_DIR
+from .families import TIED_BY_DEFAULT, FamilyTraits, traits_from_config
 
-KNOWN_FAMILIES = ("llama", "qwen2", "mistral", "phi3")
+KNOWN_FAMILIES = ("llama", "qwen2", "mistral", "phi3", "qwen3", "gemma2", "gemma3_text")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class ModelShape:
     sliding_window: int | None = None
     # exact bytes by kind as a file stores them (a GGUF file: precision "gguf"); None otherwise
     stored_weights: tuple[tuple[str, int], ...] | None = None
+    # what the family's modeling code does differently (families.py); None: a bare shape
+    traits: FamilyTraits | None = None
 
     @property
     def linear_params(self) -> int:
@@ -101,7 +104,7 @@ def _sliding_window(config: dict) -> int | None:
 
 
 def shape_from_config(config: dict) -> ModelShape:
-    """Exact parameter layout of a known family (llama, qwen2, mistral, phi3) from config fields."""
+    """Exact parameter layout of a known family (KNOWN_FAMILIES) from config fields."""
     family = _family(config)
     if family not in KNOWN_FAMILIES:
         raise UsageError(f"model_type {family or '(none)'!r} is not a known family ({', '.join(KNOWN_FAMILIES)})")
@@ -113,7 +116,7 @@ def shape_from_config(config: dict) -> ModelShape:
     head_dim = _require_int({"head_dim": head_dim}, "head_dim")
     inter = _require_int(config, "intermediate_size")
     vocab = _require_int(config, "vocab_size")
-    tied = bool(config.get("tie_word_embeddings", False))
+    tied = bool(config.get("tie_word_embeddings", family in TIED_BY_DEFAULT))
     q, kv = heads * head_dim, kv_heads * head_dim
     if family == "phi3":  # fused projections: peft sees qkv_proj and gate_up_proj, not q/k/v/gate/up
         per_layer = [("qkv_proj", h, q + 2 * kv, "self_attn"), ("o_proj", q, h, "self_attn"),
@@ -133,14 +136,24 @@ def shape_from_config(config: dict) -> ModelShape:
         if config.get("mlp_bias"):
             bias_params += n_layers * (2 * inter + h)
             bias_tensors += n_layers * 3
+    elif family == "qwen3" and config.get("attention_bias"):
+        bias_params, bias_tensors = n_layers * (q + 2 * kv + h), n_layers * 4
     linears = tuple(LinearGroup(kind, i, o, n_layers, parent) for kind, i, o, parent in per_layer)
+    window = _sliding_window(config)
+    traits = traits_from_config(config, window)
+    # norms: per layer 2 (Gemma: 4) over hidden, plus q/k norms over head_dim, and the final norm
+    norm_tensors = traits.norms_per_layer * n_layers + 1
+    norm_params = norm_tensors * h
+    if traits.qk_norm:
+        norm_params += 2 * n_layers * head_dim
+        norm_tensors += 2 * n_layers
     return ModelShape(
         family=family, hidden=h, intermediate=inter, layers=n_layers, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, tied=tied, linears=linears,
         embedding_params=vocab * h, lm_head_params=0 if tied else vocab * h,
-        norm_params=(2 * n_layers + 1) * h, bias_params=bias_params,
-        norm_tensors=2 * n_layers + 1, bias_tensors=bias_tensors, source="config",
-        sliding_window=_sliding_window(config),
+        norm_params=norm_params, bias_params=bias_params,
+        norm_tensors=norm_tensors, bias_tensors=bias_tensors, source="config",
+        sliding_window=window, traits=traits,
     )
 
 
@@ -181,7 +194,7 @@ class _ParamTally:
             linears=tuple(LinearGroup(k, i, o, c, par) for (k, i, o, par), c in sorted(self.linears.items())),
             embedding_params=self.emb, lm_head_params=self.lm_head, norm_params=self.norm,
             bias_params=self.bias, norm_tensors=self.norm_t, bias_tensors=self.bias_t, source=source,
-            sliding_window=base.sliding_window,
+            sliding_window=base.sliding_window, traits=base.traits,
         )
 
 
@@ -217,9 +230,9 @@ def _generic_dims(config: dict) -> ModelShape:
         intermediate=_require_int(config, "intermediate_size", 4 * h),
         layers=_require_int(config, "num_hidden_layers"), heads=heads, kv_heads=kv_heads,
         head_dim=head_dim, vocab=_require_int(config, "vocab_size"),
-        tied=bool(config.get("tie_word_embeddings", False)), linears=(), embedding_params=0,
-        lm_head_params=0, norm_params=0, bias_params=0, norm_tensors=0, bias_tensors=0,
-        sliding_window=_sliding_window(config),
+        tied=bool(config.get("tie_word_embeddings", _family(config) in TIED_BY_DEFAULT)), linears=(),
+        embedding_params=0, lm_head_params=0, norm_params=0, bias_params=0, norm_tensors=0, bias_tensors=0,
+        sliding_window=_sliding_window(config), traits=traits_from_config(config, _sliding_window(config)),
     )
 
 

@@ -1,0 +1,208 @@
+"""What makes a family's memory differ, read from its config and from transformers' modeling code
+(transformers 5.x: models/<family>/modeling_<family>.py), not fitted.
+
+The fitted transient terms (calibration.py) were measured on SDPA families with two RMSNorms per
+layer, no q/k norms and plain logits (Llama, Qwen2, Phi-3). FamilyTraits names what a config does
+differently, and the functions below turn each trait into the bytes autograd keeps alive for it:
+
+- eager attention (Gemma-2: `_supports_sdpa = False`, because SDPA cannot soft-cap): every layer
+  materialises batch x heads x seq x seq scores. eager_attention_forward keeps, for backward,
+  tanh's output when attention logits are soft-capped (tanh saves its result), the fp32 softmax
+  output, and its cast back to the activation dtype when that is not fp32; repeat_kv copies K and
+  V to all heads and matmul saves the copies. The boolean masks become float masks of the
+  activation dtype, one per layer type (full, sliding), shared by the layers.
+- final-logit soft-capping (Gemma-2, 30.0): logits / cap -> tanh -> * cap in the CausalLM forward:
+  tanh's output is saved (one more logits-sized tensor for the whole backward) and backward walks
+  the chain with one more logits-sized temporary.
+- q/k norms (Qwen3, Gemma-3): an RMSNorm over every query and key head; with frozen norm weights
+  it keeps its fp32 input (the projection's output, otherwise not saved) for backward.
+- four RMSNorms per layer (Gemma-2/3: pre/post attention, pre/post feed-forward) instead of two:
+  each keeps its fp32 input.
+- sliding-window layers (Gemma-2 every other layer, Gemma-3 five of six): past the window SDPA gets
+  an explicit mask in those layers only; during decoding their cache keeps window - 1 tokens.
+- scaled embeddings (Gemma: embeddings x sqrt(hidden)): one hidden-sized tensor, transient.
+- MoE (Qwen3-MoE, Mixtral in transformers 5): experts are 3-D nn.Parameters, not nn.Linear, so
+  bitsandbytes leaves them in the torch dtype; they count as unquantized weights.
+
+Which families the estimate was checked against on a GPU is VERIFIED (kept honest by a test that
+recomputes it from the committed measured rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# family -> (inference measured, training measured) on the H200, from committed rows
+VERIFIED: dict[str, tuple[bool, bool]] = {
+    "llama": (True, True),  # llama-3.2-1b/3b, tinyllama-1.1b, smollm2-1.7b
+    "qwen2": (True, True),  # qwen2.5-0.5b/1.5b/3b/7b
+    "phi3": (True, True),  # phi-3-mini-4k (held out of the fit)
+}
+# the architectures whose rows back VERIFIED (suites/vram/measured/)
+VERIFIED_BY = {"llama": ("llama-3.2-1b", "llama-3.2-3b", "tinyllama-1.1b", "smollm2-1.7b"),
+               "qwen2": ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"),
+               "phi3": ("phi-3-mini-4k",)}
+EAGER_FAMILIES = ("gemma2",)  # transformers refuses SDPA for them (soft-capping)
+QK_NORM_FAMILIES = ("qwen3", "qwen3_moe", "gemma3_text", "gemma3")
+FOUR_NORM_FAMILIES = ("gemma2", "gemma3_text", "gemma3")
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gemma3")  # config classes default to tied
+
+
+@dataclass(frozen=True)
+class FamilyTraits:
+    family: str
+    attention: str = "sdpa"  # sdpa | eager
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    sliding_layers: int = 0  # layers attending to a window (all layers when the config says so)
+    scaled_embeddings: bool = False
+    experts: int = 0  # MoE: experts per layer (0: dense)
+    experts_per_token: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def differs(self) -> list[str]:
+        """The traits the fitted families do not have, in words."""
+        out = []
+        if self.attention == "eager":
+            out.append("eager attention (scores materialised per layer)")
+        if self.attn_softcap:
+            out.append(f"attention-logit soft-capping ({self.attn_softcap:g})")
+        if self.final_softcap:
+            out.append(f"final-logit soft-capping ({self.final_softcap:g})")
+        if self.qk_norm:
+            out.append("q/k norms")
+        if self.norms_per_layer != 2:
+            out.append(f"{self.norms_per_layer} norms per layer")
+        if self.scaled_embeddings:
+            out.append("scaled embeddings")
+        if self.experts:
+            out.append(f"MoE ({self.experts} experts, {self.experts_per_token} active; experts stay unquantized)")
+        return out
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def sliding_layer_count(config: dict, window: int | None) -> int:
+    """Layers with a sliding window: the config's layer_types, else Gemma's patterns, else all
+    layers when a window applies (Mistral, Phi-3)."""
+    layers = _int(config.get("num_hidden_layers"))
+    if window is None:
+        return 0
+    types = config.get("layer_types")
+    if isinstance(types, list) and types:
+        return sum(1 for t in types if t == "sliding_attention")
+    family = str(config.get("model_type") or "")
+    if family == "gemma2":  # even layers slide (Gemma2Config.layer_types default)
+        return (layers + 1) // 2
+    if family in ("gemma3_text", "gemma3"):
+        pattern = _int(config.get("sliding_window_pattern"), 6) or 6
+        return sum(1 for i in range(layers) if (i + 1) % pattern)
+    return layers
+
+
+def traits_from_config(config: dict, window: int | None = None) -> FamilyTraits:
+    family = str(config.get("model_type") or "unknown").lower()
+    softcap = config.get("attn_logit_softcapping")
+    final = config.get("final_logit_softcapping")
+    experts = _int(config.get("num_experts") or config.get("num_local_experts"))
+    return FamilyTraits(
+        family=family,
+        attention="eager" if family in EAGER_FAMILIES else "sdpa",
+        attn_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
+        final_softcap=float(final) if isinstance(final, (int, float)) and final else None,
+        qk_norm=family in QK_NORM_FAMILIES,
+        norms_per_layer=4 if family in FOUR_NORM_FAMILIES else 2,
+        sliding_layers=sliding_layer_count(config, window),
+        scaled_embeddings=family.startswith("gemma"),
+        experts=experts,
+        experts_per_token=_int(config.get("num_experts_per_tok")),
+    )
+
+
+def verification(family: str, mode: str, source: str) -> dict[str, Any]:
+    """Whether the estimate of `mode` was checked on a GPU for this family, and how it was made."""
+    infer_ok, train_ok = VERIFIED.get(family, (False, False))
+    checked = train_ok if mode == "train" else infer_ok
+    path = {"config": "exact layout from config fields", "meta": "layout counted on the meta device",
+            "safetensors": "layout from the safetensors headers", "gguf": "layout from the GGUF header"}.get(source, source)
+    out = {"family": family, "verified": checked, "measured_on": list(VERIFIED_BY.get(family, ())) if checked else [],
+           "path": f"{path}; transient terms fitted on llama/qwen2 (SDPA), plus this family's traits from its config"}
+    if not checked:
+        out["note"] = (f"unverified for {family}: no GPU measurement of {family} {'training' if mode == 'train' else 'inference'}"
+                       f" backs this estimate; it is computed through the generic path ({path})")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Bytes, per trait
+
+
+def score_elements(shape, batch: int, q_len: int, kv_len: int) -> int:
+    return batch * shape.heads * q_len * kv_len
+
+
+def eager_saved_bytes_per_score(traits: FamilyTraits, act: int) -> int:
+    """What eager_attention_forward keeps per score element for backward."""
+    tanh = act if traits.attn_softcap else 0
+    cast = act if act != 4 else 0  # softmax's fp32 output cast back to the activation dtype
+    return tanh + 4 + cast
+
+
+def train_terms(shape, traits: FamilyTraits | None, q, act: int, logit_bytes: int, covered_scores: bool) -> dict[str, int]:
+    """Extra bytes of a LoRA/QLoRA step for this family beyond the fitted SDPA-family terms.
+    `covered_scores`: the fitted terms already count one fp32 score block per layer (no
+    checkpointing) / ~4 blocks in the recomputed layer (checkpointing) - fp32 GQA, where SDPA falls
+    back to its math kernel. Keys: `layer_saved` (all layers, no checkpointing), `layer_transient`
+    (one recomputed layer, checkpointing), `logits` (the loss phase), `step` (the whole step)."""
+    out = {"layer_saved": 0, "layer_transient": 0, "logits": 0, "step": 0}
+    if traits is None:
+        return out
+    tok = q.batch * q.seq_len
+    layers = max(shape.layers, 1)
+    sc = score_elements(shape, q.batch, q.seq_len, q.seq_len)
+    if traits.attention == "eager":
+        saved = eager_saved_bytes_per_score(traits, act)
+        repeat = 2 * (shape.heads - shape.kv_heads) * shape.head_dim * tok * act
+        if covered_scores:  # the math kernel's probabilities and repeated K/V are in the fit already
+            saved, repeat = saved - 4, 0
+        out["layer_saved"] += layers * (sc * saved + repeat)
+        grads = 2 * 4  # backward through softmax: the fp32 grad of its output and of its input
+        out["layer_transient"] += sc * (saved + grads) - (int(4.25 * 4 * sc) if covered_scores else 0)
+        masks = 2 if traits.sliding_layers else 1
+        out["step"] += masks * q.batch * q.seq_len * q.seq_len * act
+    if traits.final_softcap:
+        out["logits"] += 2 * tok * shape.vocab * logit_bytes
+    per_layer_norm = tok * (traits.norms_per_layer - 2) * shape.hidden * 4
+    if traits.qk_norm:
+        per_layer_norm += tok * (shape.heads + shape.kv_heads) * shape.head_dim * 4
+    out["layer_saved"] += layers * per_layer_norm
+    out["layer_transient"] += per_layer_norm
+    out["layer_transient"] = max(0, out["layer_transient"])
+    return out
+
+
+def inference_terms(shape, traits: FamilyTraits | None, batch: int, seq: int, act: int) -> int:
+    """Extra transient of a prefill for this family: eager attention's scores of one layer (the
+    scaled, capped scores in the activation dtype beside their fp32 softmax) and its float masks."""
+    if traits is None or traits.attention != "eager":
+        return 0
+    sc = score_elements(shape, batch, seq, seq)
+    masks = 2 if traits.sliding_layers else 1
+    return sc * (act + 4) + masks * batch * seq * seq * act
+
+
+def decode_kv_tokens(traits: FamilyTraits | None, layers: int, window: int | None, total: int) -> float:
+    """Layer-averaged tokens a decoding cache holds: sliding layers keep window - 1 (transformers'
+    DynamicSlidingWindowLayer), the others all `total`."""
+    if traits is None or not traits.sliding_layers or window is None or total < window:
+        return float(total)
+    sliding = min(traits.sliding_layers, layers)
+    return ((layers - sliding) * total + sliding * (window - 1)) / max(layers, 1)
