@@ -20,6 +20,29 @@ def _int_list(text: str, what: str) -> list[int]:
     return list(int_list(text, what))
 
 
+def failure_reason(data: dict) -> str:
+    """': the server said: ...' for the most common failure class, with the server's max_model_len
+    when the prompt and output do not fit in it ('' when no request carries a reason)."""
+    counts: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for run in data["runs"]:
+        for label, count in (run.get("errors") or {}).items():
+            if (run.get("error_details") or {}).get(label):
+                counts[label] = counts.get(label, 0) + count
+                first.setdefault(label, run["error_details"][label])
+    if not counts:
+        return ""
+    label = max(counts, key=counts.get)
+    text = f": {label}: the server said: {first[label]}"
+    limit = (data.get("environment") or {}).get("max_model_len")
+    w = data.get("workload") or {}
+    need = (w.get("input_len") or 0) + (w.get("output_len") or 0)
+    if label.startswith("http_4") and isinstance(limit, int) and need > limit:
+        text += (f" (the server's max_model_len is {limit}; --input-len {w.get('input_len')} + --output-len "
+                 f"{w.get('output_len')} = {need})")
+    return text
+
+
 def parse_workers(text: str) -> int | None:
     """--workers: "auto" (None) or a count >= 1."""
     if str(text).strip().lower() == "auto":
@@ -145,7 +168,7 @@ def run(args) -> int:
             for k, v in r["errors"].items():
                 errors[k] = errors.get(k, 0) + v
         detail = ", ".join(f"{k} x{v}" for k, v in sorted(errors.items()))
-        raise CheckFailed(f"{failed} of {total} requests failed ({detail}); results in {out}")
+        raise CheckFailed(f"{failed} of {total} requests failed ({detail}){failure_reason(data)}; results in {out}")
     if disagree:
         raise CheckFailed(f"token counts disagree: {disagree[0]}; results in {out}")
     return 0

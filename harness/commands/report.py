@@ -42,6 +42,14 @@ def _index_href(out: Path) -> str | None:
     return None
 
 
+def _check_out(out: Path, given: str | None) -> None:
+    """The page goes into a folder that exists: a mistyped path is refused, never created."""
+    if out.is_dir():
+        raise UsageError(f"--out: {given!r} is a directory")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out: the folder {str(out.parent)!r} does not exist (create it first)")
+
+
 def run(args) -> int:
     from ..atomic import write_text
 
@@ -52,6 +60,7 @@ def run(args) -> int:
         if not folder.is_dir():
             raise UsageError(f"--index: {args.index!r} is not a directory")
         out = Path(args.out) if args.out else folder / "index.html"
+        _check_out(out, args.out)
         write_text(out, index.render(folder))
         print(f"wrote {out}", file=sys.stderr)
         return 0
@@ -60,8 +69,7 @@ def run(args) -> int:
     if not args.out:
         raise UsageError("--out FILE.html is required")
     out = Path(args.out)
-    if out.is_dir():
-        raise UsageError(f"--out: {args.out!r} is a directory")
+    _check_out(out, args.out)
     kinds = [_kind(p) for p in args.results]
     if "pytest-run" in kinds:
         if len(args.results) != 1:

@@ -150,6 +150,21 @@ def request_body(target: Target, spec: RequestSpec) -> dict:
     return body
 
 
+def server_reason(body: str, limit: int = 500) -> str:
+    """The server's own message in an error body: vLLM's {"object": "error", "message": ...} or the
+    OpenAI {"error": {"message": ...}}; the body itself, cut short, when it is not such JSON."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    message = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        message = data.get("message") or (err.get("message") if isinstance(err, dict) else err) or data.get("detail")
+    text = str(message) if message else body.strip()
+    return " ".join(text.split())[:limit] or "(empty body)"
+
+
 def _chunk_text(frame: dict) -> str:
     text = ""
     for choice in frame.get("choices") or ():
@@ -185,9 +200,8 @@ async def send_one(
             async with session.post(target.base_url + path, json=request_body(target, spec)) as resp:
                 record.status = resp.status
                 if resp.status >= 300:
-                    detail = (await resp.text())[:300]
                     record.error = f"http_{resp.status}"
-                    record.error_detail = detail
+                    record.error_detail = server_reason(await resp.text())
                     return record
                 buffer = b""
                 async for data in resp.content.iter_any():

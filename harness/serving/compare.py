@@ -125,6 +125,22 @@ def fingerprint_differences(baseline: dict, candidate: dict) -> dict[str, tuple]
     return {k: (a[k], b[k]) for k in FINGERPRINT_FIELDS if a[k] != b[k]}
 
 
+def differing_fields(name: str, a, b) -> list[str]:
+    """Each differing leaf of two fingerprint values, named by its path: "workload.output_len 16 vs 64"."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            if a.get(key) != b.get(key):
+                out += differing_fields(f"{name}.{key}", a.get(key, "(absent)"), b.get(key, "(absent)"))
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        gone, new = [x for x in a if x not in b], [x for x in b if x not in a]
+        if gone or new:
+            return [f"{name} {' '.join(map(str, gone)) or '(none)'} vs {' '.join(map(str, new)) or '(none)'}"]
+        return [f"{name} order {_short(a)} vs {_short(b)}"]
+    return [f"{name} {_short(a)} vs {_short(b)}"]
+
+
 def _level(run: dict) -> str:
     return f"rate {run['request_rate']:g}/s" if run.get("request_rate") else f"c={run['concurrency']}"
 
@@ -255,8 +271,11 @@ def compare(
     diffs = fingerprint_differences(baseline, candidate)
     refused = {k: v for k, v in diffs.items() if k not in allow}
     if refused:
-        detail = "; ".join(f"{k}: {_short(v[0])} vs {_short(v[1])}" for k, v in refused.items())
-        raise RefusedComparison(f"config fingerprints differ ({detail}); pass --allow-diff "
+        lines = [d for k, v in refused.items() for d in differing_fields(k, *v)]
+        if any(d.startswith("workload.output_len ") for d in lines):  # max/min_tokens follow from it
+            lines = [d for d in lines if not d.startswith(("workload.max_tokens ", "workload.min_tokens "))]
+        detail = "; ".join(lines)
+        raise RefusedComparison(f"the runs differ in {detail}; pass --allow-diff "
                                 f"{','.join(refused)} to compare anyway")
     base_runs, cand_runs = _by_level(baseline), _by_level(candidate)
     common = [lvl for lvl in base_runs if lvl in cand_runs]

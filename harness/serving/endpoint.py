@@ -22,12 +22,14 @@ def served_models(base_url: str, timeout_s: float = 10.0) -> list[ServedModel]:
         with urllib.request.urlopen(base_url + "/v1/models", timeout=timeout_s) as resp:
             data = json.load(resp)
     except urllib.error.HTTPError as exc:
-        raise CheckFailed(f"{base_url}/v1/models answered HTTP {exc.code}: not an OpenAI-compatible server?") from None
-    except (OSError, ValueError) as exc:
+        raise CheckFailed(f"{base_url} is not an OpenAI-compatible server (GET /v1/models: {exc.code})") from None
+    except ValueError:
+        raise CheckFailed(f"{base_url} is not an OpenAI-compatible server (GET /v1/models: not JSON)") from None
+    except OSError as exc:
         raise CheckFailed(f"cannot list the models of {base_url}: {exc}") from None
     entries = data.get("data") if isinstance(data, dict) else None
     if not isinstance(entries, list):
-        raise CheckFailed(f"{base_url}/v1/models is not an OpenAI model list")
+        raise CheckFailed(f"{base_url} is not an OpenAI-compatible server (GET /v1/models: not a model list)")
     out = []
     for entry in entries:
         if isinstance(entry, dict) and isinstance(entry.get("id"), str):

@@ -67,12 +67,23 @@ async def preflight(session: aiohttp.ClientSession, target: Target, timeout_s: f
     try:
         async with asyncio.timeout(timeout_s):
             async with session.get(target.base_url + "/v1/models") as resp:
-                if resp.status == 200:
-                    served = [m.get("id") for m in (await resp.json()).get("data", [])]
-                    info["served_models"] = served
-                    if served and target.model not in served:
-                        raise UsageError(f"--model: {target.model!r} is not served by {target.base_url} "
-                                         f"(it serves: {', '.join(map(str, served))})")
+                if resp.status != 200:
+                    raise CheckFailed(f"{target.base_url} is not an OpenAI-compatible server "
+                                      f"(GET /v1/models: {resp.status})")
+                try:
+                    listing = await resp.json(content_type=None)
+                    entries = [m for m in listing.get("data", []) if isinstance(m, dict)]
+                except (ValueError, AttributeError, TypeError, aiohttp.ContentTypeError):
+                    raise CheckFailed(f"{target.base_url} is not an OpenAI-compatible server "
+                                      "(GET /v1/models: not a JSON model list)") from None
+                served = [m.get("id") for m in entries]
+                info["served_models"] = served
+                if served and target.model not in served:
+                    raise UsageError(f"--model: {target.model!r} is not served by {target.base_url} "
+                                     f"(it serves: {', '.join(map(str, served))})")
+                for m in entries:
+                    if m.get("id") == target.model and isinstance(m.get("max_model_len"), int):
+                        info["max_model_len"] = m["max_model_len"]
             try:
                 async with session.get(target.base_url + "/version") as resp:
                     if resp.status == 200:
@@ -91,6 +102,7 @@ def _results_skeleton(cfg: BenchConfig, info: dict, tokenizer: PromptTokenizer |
         "server_url": cfg.target.base_url,
         "server_version": info.get("server_version"),
         "served_models": info.get("served_models"),
+        "max_model_len": info.get("max_model_len"),
         "model": cfg.target.model,
         "model_id": cfg.environment.get("model_id") or Path(cfg.target.model).name,
         "tokenizer": tokenizer.source if tokenizer else None,

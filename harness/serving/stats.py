@@ -189,8 +189,11 @@ def summarize_run(
     ok = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
     errors: dict[str, int] = {}
+    error_details: dict[str, str] = {}  # the first reason given for each failure class
     for r in failed:
         errors[r.error] = errors.get(r.error, 0) + 1
+        if r.error_detail:
+            error_details.setdefault(r.error, r.error_detail)
     duration = load.duration_s or math.nan
     output_tokens = sum(r.completion_tokens or 0 for r in ok)
     input_tokens = sum(r.prompt_tokens or 0 for r in ok)
@@ -218,6 +221,7 @@ def summarize_run(
         "requests_ok": len(ok),
         "requests_failed": len(failed),
         "errors": errors,
+        "error_details": error_details,
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "duration_s": load.duration_s,
