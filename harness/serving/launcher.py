@@ -78,6 +78,29 @@ def parse_startup_log(text: str) -> StartupInfo:
     return info
 
 
+# What a GPU vLLM is busy with while /health is not up yet, last match wins (a first start spends
+# ~20 s in torch.compile and ~60 s capturing CUDA graphs: a bare "waiting 90 s" looks hung).
+_PHASES = (
+    (re.compile(r"Initializing a V1 LLM engine|Initializing an LLM engine"), "starting the engine"),
+    (re.compile(r"Starting to load model|Loading (?:safetensors|weights)"), "loading weights"),
+    (re.compile(r"Model loading took"), "profiling memory"),
+    (re.compile(r"torch\.compile|Compiling a graph|Dynamo bytecode transform"), "torch.compile"),
+    (re.compile(r"KV cache size|Available KV cache memory"), "KV cache sized"),
+    (re.compile(r"Capturing CUDA graph|cudagraph capturing|Graph capturing"), "capturing CUDA graphs"),
+    (re.compile(r"Graph capturing finished|init engine .* took"), "starting the API server"),
+)
+
+
+def startup_phase(text: str) -> str:
+    """The latest start-up phase the log shows ('' before the first)."""
+    best, where = "", -1
+    for pattern, label in _PHASES:
+        for m in pattern.finditer(text):
+            if m.start() > where:
+                best, where = label, m.start()
+    return best
+
+
 _CAUSE = re.compile(r"(Error|Exception|error:|ERROR|Traceback|Killed|RuntimeError)")
 
 
@@ -87,6 +110,14 @@ def log_cause(text: str, lines: int = 3) -> str:
     hits = [line for line in all_lines if _CAUSE.search(line) and not line.startswith("warnings.warn")]
     chosen = hits[-lines:] if hits else all_lines[-lines:]
     return " | ".join(line[:300] for line in chosen) or "(empty log)"
+
+
+def explained(text: str) -> str:
+    """What harness.explain makes of a failed start-up log, as a suffix ('' when not recognised)."""
+    from ..explain import explain_short
+
+    note = explain_short(text)
+    return f" -- {note}" if note else ""
 
 
 @dataclass
@@ -203,15 +234,17 @@ def start_process(
         while True:
             code = proc.poll()
             if code is not None:
-                raise ServerStartError(f"{name} exited with code {code} during start-up: {log_cause(server.log_text())} (log: {log_path})")
+                raise ServerStartError(f"{name} exited with code {code} during start-up: {log_cause(server.log_text())}{explained(server.log_text())} (log: {log_path})")
             if _healthy(base_url + health_path):
                 break
             elapsed = time.monotonic() - started
             if elapsed > startup_timeout_s:
-                raise ServerStartError(f"{name} not healthy after {startup_timeout_s:.0f} s: {log_cause(server.log_text())} (log: {log_path})")
+                raise ServerStartError(f"{name} not healthy after {startup_timeout_s:.0f} s: {log_cause(server.log_text())}{explained(server.log_text())} (log: {log_path})")
             if progress and elapsed - last_note >= 10:
                 last_note = elapsed
-                print(f"waiting for {name} on {base_url}: {elapsed:.0f} s", file=sys.stderr, flush=True)
+                phase = startup_phase(server.log_text())
+                print(f"waiting for {name} on {base_url}: {elapsed:.0f} s{f' ({phase})' if phase else ''}",
+                      file=sys.stderr, flush=True)
             time.sleep(0.5)
         server.startup = parse_startup_log(server.log_text())
         server.startup.startup_s = round(time.monotonic() - started, 1)
@@ -220,6 +253,20 @@ def start_process(
         yield server
     finally:
         stop_group(proc)
+
+
+def gpu_env(python: str | Path) -> dict:
+    """Environment a CUDA vLLM needs when flashinfer is not installed beside it: without flashinfer
+    the sampler must be told not to use it (VLLM_USE_FLASHINFER_SAMPLER=0), or the engine dies at
+    start with "No module named 'flashinfer'". A caller's own setting wins."""
+    if "VLLM_USE_FLASHINFER_SAMPLER" in os.environ:
+        return {}
+    code = "import importlib.util as u; print(int(u.find_spec('flashinfer') is not None))"
+    try:
+        out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {"VLLM_USE_FLASHINFER_SAMPLER": "0"} if out == "0" else {}
 
 
 @contextlib.contextmanager
@@ -243,7 +290,7 @@ def launch_vllm(
     if served_model_name:
         command += ["--served-model-name", served_model_name]
     full_env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **gpu_env(python), **(env or {})}
     log_path = None
     if log_dir is not None:
         log_path = Path(log_dir) / f"vllm-{port}.log"

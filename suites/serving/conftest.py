@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import HarnessError
-from harness.plugin import settings_key
+from harness.plugin_run import run_state
 from harness.serving import prompts
 from harness.serving.client import RequestSpec, Target
 from harness.serving.endpoint import resolve_served_model
@@ -42,7 +42,8 @@ GATE_REPEATS = 3
 
 def pytest_configure(config):
     """--endpoint with a --model the server does not serve: one usage line before anything runs."""
-    settings = config.stash.get(settings_key, None)
+    run = run_state(config)
+    settings = run.settings if run is not None else None
     if settings is None or not settings.endpoint:
         return
     try:
@@ -187,6 +188,6 @@ def bench(show_progress, quiet):
 
 def record_kv_plan(path: Path, kind: str, process: ServerProcess, model_dir: Path) -> None:
     """Issue 15: every server's predicted against logged KV cache tokens and max concurrency."""
-    from harness.memory.vllm_plan import append_record, server_kv_record
+    from harness.memory.vllm_servers import append_record, server_kv_record
 
     append_record(path, server_kv_record(kind, process, model_dir))
