@@ -194,3 +194,11 @@ def test_config_and_gpu_memory_bring_a_planned_fix():
     computed = result.computed
     assert computed["source"].startswith("prediction") and computed["mode"] == "train"
     assert computed["best"] is not None and "python -m harness plan --config qwen2.5-0.5b" in result.fix
+
+
+def test_vllm_failure_with_config_runs_the_vllm_planner():
+    result = explain(KV + "\ngpu_memory_utilization=0.9", config="qwen2.5-0.5b", gpu_memory="t4")
+    planned = result.computed["vllm_plan"]
+    assert "error" not in planned, planned  # the planner's public API answered
+    assert planned["source"].startswith("prediction") and planned["card"].startswith("Tesla T4")
+    assert result.computed["max_model_len"] == 7344  # the log's figure stays apart from the prediction
