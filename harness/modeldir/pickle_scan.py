@@ -34,18 +34,20 @@ class PickleScan:
     problems: list[str] = field(default_factory=list)  # damaged, flagged or oversized containers
     torch_refuses: str | None = None  # the container format itself is refused (legacy tar, TorchScript)
     unscanned: str | None = None
+    unverifiable: list[str] = field(default_factory=list)  # the loaders' own readers disagree or fail
     allow_list: str = ""
 
     @property
     def is_pickle(self) -> bool:
         return self.kind is not None and (bool(self.pickles) or self.torch_refuses is not None
-                                          or bool(self.problems) or self.unscanned is not None)
+                                          or bool(self.problems) or self.unscanned is not None
+                                          or bool(self.unverifiable))
 
     @property
     def accepted(self) -> bool:
         """torch.load(weights_only=True)'s rule holds for every pickle (warnings aside)."""
         return not (self.dangerous or self.unresolved or self.refused or self.known_safe or self.unreadable
-                    or self.problems or self.torch_refuses)
+                    or self.problems or self.torch_refuses or self.unverifiable)
 
     @property
     def error(self) -> str | None:  # kept for callers of the first version

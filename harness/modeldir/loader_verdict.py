@@ -1,0 +1,58 @@
+"""Fold what the loaders' own readers saw (harness.modeldir.loader_views, read in the child) into a
+file's PickleScan, so one verdict holds both: the opcode replay's named dangers and the real
+unpicklers' globals, torch.load(weights_only=True)'s own refusal, and every "cannot be verified".
+
+Fail closed: a global any real unpickler asked for that torch's allow-list lacks breaks the rule;
+a real unpickler that stopped after importing something cannot be read to its end; a refusal by
+torch.load(weights_only=True) is one unless the only globals outside the list are ones fickling
+knows as harmless (training_args.bin: a warning, as before).
+"""
+
+from __future__ import annotations
+
+from .loader_views import LoaderRead
+from .pickle_danger import judge
+from .pickle_scan import PickleScan
+from .read_child import ReadFailure
+from .torch_rule import with_loader_globals
+
+
+def merge(scan: PickleScan, read: LoaderRead | ReadFailure | None) -> PickleScan:
+    if read is None:
+        return scan
+    if isinstance(read, ReadFailure):
+        scan.unverifiable.append(read.reason)
+        scan.kind = scan.kind or "unread"
+        return scan
+    scan.unverifiable += read.unverifiable
+    _globals(scan, read)
+    for stream in read.streams:
+        run = stream.read
+        if not run.complete and run.globals:
+            scan.unreadable.append(f"{stream.where}: the {run.reader} stops at '{run.error}' after importing "
+                                   f"{', '.join(dict.fromkeys(run.full_names[:3]))}")
+    only_harmless = scan.known_safe and not (scan.dangerous or scan.refused or scan.unresolved)
+    if read.torch_reads and read.weights_only and not only_harmless and not scan.torch_refuses:
+        scan.torch_refuses = f"torch.load(weights_only=True) refuses it: {read.weights_only}"
+    found = [s.where for s in read.streams if s.read.globals or s.read.complete]
+    if found or read.unverifiable:
+        scan.kind = scan.kind or (read.formats[-1] if read.formats else "pickle")
+        scan.pickles += [w for w in found if w not in scan.pickles][: max(0, 8 - len(scan.pickles))]
+    for name in ("dangerous", "refused", "known_safe", "unreadable", "unverifiable"):
+        setattr(scan, name, list(dict.fromkeys(getattr(scan, name))))
+    return scan
+
+
+def _globals(scan: PickleScan, read: LoaderRead) -> None:
+    allow = with_loader_globals()
+    for module, name, where in read.globals:
+        full = f"{module}.{name}"
+        if allow.allowed(full):
+            continue
+        verdict = judge(module, name)
+        if verdict.dangerous:
+            scan.dangerous.append(f"{full} ({verdict.reason})")
+        elif verdict.known_safe:
+            scan.known_safe.append(f"{full} ({verdict.reason})")
+        else:
+            scan.refused.append(f"imports {full}, outside torch's allow-list")

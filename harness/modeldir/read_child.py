@@ -1,0 +1,161 @@
+"""Read a directory's files with the loaders' own code in a child process with a memory and time limit.
+
+The parent (check-dir) forks one child per directory; the child inherits the imported torch (a
+fork costs milliseconds, an interpreter start with torch a second), caps its address space
+(RLIMIT_AS: what it had plus READ_MEMORY_BYTES) and reads the files one after the other
+(harness.modeldir.loader_views), sending one result per file through a pipe. The parent waits at
+most READ_SECONDS for each result; a child that runs over, runs out of memory or dies is killed,
+the file it was reading becomes "cannot be verified", and a fresh child reads the files left.
+Nothing hostile runs in the parent: a file that hangs torch's reader or exhausts memory costs the
+child only.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import struct
+import time
+from dataclasses import dataclass
+
+from .loader_views import LoaderRead, read_file
+
+READ_SECONDS = 60.0  # per file
+READ_MEMORY_BYTES = 8 * 1024 ** 3  # address space the child may add to what it inherited
+
+
+@dataclass
+class ReadFailure:
+    rel: str
+    reason: str  # "took longer than 60 s", "ran out of memory" ...
+
+
+def read_all(files: list[tuple[str, str]], seconds: float = READ_SECONDS,
+             memory: int = READ_MEMORY_BYTES) -> dict[str, LoaderRead | ReadFailure]:
+    """files: (absolute path, relative name). Returns rel -> LoaderRead, or ReadFailure."""
+    _preload()
+
+    results: dict[str, LoaderRead | ReadFailure] = {}
+    left = list(files)
+    while left:
+        got = _one_child(left, seconds, memory)
+        for rel, value in got.items():
+            results[rel] = value
+        left = [item for item in left if item[1] not in results]
+    return results
+
+
+def _preload() -> None:
+    """Import the readers here, once: a child forked afterwards inherits them instead of paying."""
+    import importlib
+
+    for module in ("torch", "torch.serialization", "torch._weights_only_unpickler", "numpy", "safetensors",
+                   "joblib.numpy_pickle", "gguf"):
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - a missing reader fails closed in the child
+            pass
+
+
+def _one_child(files: list[tuple[str, str]], seconds: float, memory: int) -> dict:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read_end)
+        _child(files, write_end, memory)
+    os.close(write_end)
+    got: dict = {}
+    try:
+        with os.fdopen(read_end, "rb", buffering=0) as pipe:
+            for _, rel in files:
+                message = _receive(pipe, seconds)
+                if message is None:
+                    got[rel] = ReadFailure(rel, _why(pid, seconds))
+                    break
+                got[message[0]] = message[1]
+    finally:
+        _reap(pid)
+    return got
+
+
+def _child(files: list[tuple[str, str]], fd: int, memory: int) -> None:
+    code = 0
+    try:
+        _limit_memory(memory)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        for path, rel in files:
+            try:
+                value: LoaderRead | ReadFailure = read_file(path, rel)
+            except MemoryError:
+                value = ReadFailure(rel, f"reading it needs more than {memory >> 30} GiB of memory")
+            except Exception as exc:  # noqa: BLE001 - any reader failure is a verdict, never a crash
+                value = ReadFailure(rel, f"the reader failed ({type(exc).__name__}: {str(exc)[:160]})")
+            data = pickle.dumps((rel, value), protocol=4)
+            os.write(fd, struct.pack("<Q", len(data)))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+    except BaseException:  # noqa: BLE001 - the parent sees a dead child
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _limit_memory(extra: int) -> None:
+    import resource
+
+    with open("/proc/self/status") as status:
+        vm = next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:")), 0)
+    limit = vm + extra
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _receive(pipe, seconds: float):
+    deadline = time.monotonic() + seconds
+    header = _read_exact(pipe, 8, deadline)
+    if header is None:
+        return None
+    body = _read_exact(pipe, struct.unpack("<Q", header)[0], deadline + seconds)
+    if body is None:
+        return None
+    return pickle.loads(body)  # our own child's dataclasses, never file content
+
+
+def _read_exact(pipe, n: int, deadline: float) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < n:
+        wait = deadline - time.monotonic()
+        if wait <= 0 or not select.select([pipe], [], [], wait)[0]:
+            return None
+        piece = pipe.read(n - len(chunks))
+        if not piece:
+            return None
+        chunks += piece
+    return bytes(chunks)
+
+
+def _why(pid: int, seconds: float) -> str:
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return "the reading process died"
+    if done == 0:
+        return f"reading it took longer than {seconds:g} s"
+    if os.WIFSIGNALED(status):
+        return f"the reading process was killed by signal {os.WTERMSIG(status)} (out of memory?)"
+    return "the reading process stopped (out of memory?)"
+
+
+def _reap(pid: int) -> None:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    except (ChildProcessError, ProcessLookupError):
+        pass
