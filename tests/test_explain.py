@@ -202,3 +202,23 @@ def test_vllm_failure_with_config_runs_the_vllm_planner():
     assert "error" not in planned, planned  # the planner's public API answered
     assert planned["source"].startswith("prediction") and planned["card"].startswith("Tesla T4")
     assert result.computed["max_model_len"] == 7344  # the log's figure stays apart from the prediction
+
+
+def test_source_lines_in_a_traceback_are_not_the_error():
+    log = ("Traceback (most recent call last):\n  File \"train.py\", line 40, in <module>\n"
+           "    except torch.cuda.OutOfMemoryError:\n  File \"train.py\", line 41, in <module>\n"
+           "KeyError: 'labels'")
+    assert not explain(log).recognised
+
+
+def test_driver_for_a_cuda_13_torch():
+    """The brief's example: a CUDA 12.8 driver under a cu130 torch -> the cu128 build, or driver >= 580."""
+    result = explain("RuntimeError: The NVIDIA driver on your system is too old (found version 12080).")
+    assert result.computed["torch_index"].endswith("/cu128") and ">= 580" in result.fix
+
+
+def test_two_failures_the_specific_one_wins_and_the_other_is_listed():
+    log = ("bin .../bitsandbytes/libbitsandbytes_cpu.so\nUserWarning: The installed version of bitsandbytes was "
+           "compiled without GPU support.\nLoading checkpoint shards:  50%|#####     | 1/2 [00:04<00:04]\nKilled")
+    result = explain(log)
+    assert result.kind == "host_oom" and [a["kind"] for a in result.also] == ["bnb_setup"]

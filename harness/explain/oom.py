@@ -26,7 +26,7 @@ _PROCESS = re.compile(rf"Process (\d+) has {SIZE} memory in use", re.I)
 _THIS_PROCESS = re.compile(rf"this process has {SIZE} memory in use", re.I)
 # the error itself, not a sentence about it ("to avoid CUDA out of memory, ...")
 CUDA_OOM = (r"(?:Error|error|ERROR)\W{1,3}(?:CUDA )?out of memory|CUDA out of memory\. Tried to allocate|"
-            r"OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation")
+            r"OutOfMemoryError:[ \t]+\S|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation")
 GRAPH_CAPTURE = r"captur\w* (?:the )?cuda ?graph|cuda ?graph\w* captur|capture_model|graph capturing|cudagraph"
 HOST_KILL = (r"(?:^|\]|\s)Killed\s*$|Out of memory: Killed process|oom-kill|invoked oom-killer|exit(?:ed)? "
              r"(?:with )?(?:code|status)[ :]*137|exitcode\s*:\s*-9|signal 9|SIGKILL|DefaultCPUAllocator: can't "
