@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", default="prefill", help="comma list of: weights, prefill, generate, train")
     parser.add_argument("--seq-len", default="2048", help="prompt / training sequence length(s), comma list")
     parser.add_argument("--batch", default="1", help="batch size(s), comma list")
+    parser.add_argument("--explain", action="store_true",
+                        help="draw where the memory goes for each estimate (weights, quantization state, LoRA, "
+                             "gradients, optimizer, activations, logits/loss, KV cache, reserve, context)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..memory import budget as B
     from ..memory import estimate as E
+    from ..memory import picture as P
     from ..units import comma_list, format_bytes, format_size, int_list
 
     shape = E.model_shape(args.config)
@@ -56,27 +60,52 @@ def run(args: argparse.Namespace) -> int:
                         obj["verdict"] = ("fits: " if obj["fits"] else "does not fit: ") + B.need_text(
                             "it", est.planned_bytes, budget, context, headroom, B.fragmentation_note(est)).replace(
                             "it need ", "it needs " if est.fragmentation_bytes else "the peak is ", 1)
+                    if args.explain:
+                        obj["picture"] = [part.as_dict() for part in P.parts(est, shape, context)]
+                        obj["picture_text"] = P.describe(est, shape, context, _config_name(args.config))
                     results.append(obj)
     if note:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
+        for r in results:
+            r.pop("picture_text", None)
         print(json.dumps(results, indent=1))
         return 0
     print(f"{'precision':9s} {'mode':8s} {'seq':>6s} {'batch':>5s} {'peak':>11s} {'card needs':>11s} "
-          f"{'weights':>11s} {'kv cache':>11s} {'activ.':>11s} {'other':>11s}"
+          f"{'weights':>11s} {'kv cache':>11s} {'activ.':>11s} {'logits/loss':>11s} {'other':>11s}"
           + (f"  fits {format_size(budget)}?" if budget is not None else ""))
     for r in results:
         bd = r["breakdown"]
-        other = (bd.get("logits", 0) + bd.get("loss_logits", 0) + bd.get("adapter_grads_optimizer", 0)
-                 + bd.get("loading_transient", 0))
+        logits = bd.get("logits", 0) + bd.get("loss_logits", 0)
+        other = bd.get("adapter_grads_optimizer", 0) + bd.get("loading_transient", 0)
         seq = "-" if r["mode"] == "weights" else str(r["seq_len"])
         verdict = ("  yes" if r["fits"] else "  no") if budget is not None else ""
         print(f"{r['precision']:9s} {r['mode']:8s} {seq:>6s} {r['batch']:>5d} {format_bytes(r['peak_bytes']):>11s} "
               f"{format_bytes(r['card_bytes']):>11s} {format_bytes(bd['weights']):>11s} "
               f"{format_bytes(bd.get('kv_cache')):>11s} {format_bytes(bd.get('activations')):>11s} "
-              f"{format_bytes(other):>11s}{verdict}")
+              f"{format_bytes(logits):>11s} {format_bytes(other):>11s}{verdict}")
     print(f"peak: torch's allocator peak. card needs: peak + allocator reserve + the {format_size(context)} "
           f"CUDA context (--context-bytes), what nvidia-smi would show.")
+    print("logits/loss: the logits (the loss's fp32 copy and its gradient when training); other: LoRA "
+          "weights, gradients and optimizer states, or the load's transient.")
     if any(r.get("paged_optimizer_states") for r in (x["breakdown"] for x in results)):
         print("paged optimizer states live outside torch's allocator (unified memory): not in the peak.")
+    for line in dict.fromkeys(_verification_line(r) for r in results if not (r.get("verification") or {}).get("verified", True)):
+        print(line)
+    for r in results:
+        if r.get("picture_text"):
+            print()
+            print("\n".join(r["picture_text"]))
     return 0
+
+
+def _verification_line(result: dict) -> str:
+    v = result["verification"]
+    return f"note: {v['note']}; computed through {v['path']}."
+
+
+def _config_name(spec) -> str:
+    from pathlib import Path
+
+    name = Path(str(spec)).name
+    return Path(str(spec)).parent.name if name == "config.json" else name.removesuffix(".json")

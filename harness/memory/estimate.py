@@ -121,7 +121,7 @@ def validate(q: Query) -> None:
 def estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> Estimate:
     """Predicted peak for one query. `calibration` overrides CALIBRATION entries (for fitting)."""
     est = _estimate(shape, q, calibration)
-    est.verification = verification(shape.family, q.mode, shape.source)
+    est.verification = verification(shape.family, q.mode, shape.source, shape.traits)
     return est
 
 
@@ -265,7 +265,8 @@ def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None
                  "optimizer_states": ad["optimizer_states"],
                  "paged_optimizer_states": ad["paged_optimizer_states"],
                  "optimizer_step_transient": ad["optimizer_step_transient"],
-                 "activations": transient - loss - grads_live, "loss_logits": loss, **saved}
+                 "activations": transient - loss - grads_live, "loss_logits": loss, "gradients_live": grads_live,
+                 "peak_phase": "optimizer step" if step > transient else "forward/backward", **saved}
     if any(fam.values()):
         breakdown["family_terms"] = fam
     peak = static + max(transient, step)

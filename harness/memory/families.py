@@ -127,17 +127,20 @@ def traits_from_config(config: dict, window: int | None = None) -> FamilyTraits:
     )
 
 
-def verification(family: str, mode: str, source: str) -> dict[str, Any]:
+def verification(family: str, mode: str, source: str, traits: FamilyTraits | None = None) -> dict[str, Any]:
     """Whether the estimate of `mode` was checked on a GPU for this family, and how it was made."""
     infer_ok, train_ok = VERIFIED.get(family, (False, False))
     checked = train_ok if mode == "train" else infer_ok
-    path = {"config": "exact layout from config fields", "meta": "layout counted on the meta device",
-            "safetensors": "layout from the safetensors headers", "gguf": "layout from the GGUF header"}.get(source, source)
+    layout = {"config": "the exact layout from config fields", "meta": "a layout counted on the meta device",
+              "safetensors": "the layout from the safetensors headers", "gguf": "the layout from the GGUF header"}.get(source, source)
+    differs = traits.differs if traits is not None else []
+    path = (f"{layout}, transient terms fitted on Llama/Qwen2 (SDPA)"
+            + (f", plus this family's own terms: {', '.join(differs)}" if differs else ""))
     out = {"family": family, "verified": checked, "measured_on": list(VERIFIED_BY.get(family, ())) if checked else [],
-           "path": f"{path}; transient terms fitted on llama/qwen2 (SDPA), plus this family's traits from its config"}
+           "path": path}
     if not checked:
-        out["note"] = (f"unverified for {family}: no GPU measurement of {family} {'training' if mode == 'train' else 'inference'}"
-                       f" backs this estimate; it is computed through the generic path ({path})")
+        out["note"] = (f"unverified for {family} {'training' if mode == 'train' else 'inference'}: no GPU "
+                       f"measurement of this family backs it")
     return out
 
 
