@@ -222,3 +222,10 @@ def test_two_failures_the_specific_one_wins_and_the_other_is_listed():
            "compiled without GPU support.\nLoading checkpoint shards:  50%|#####     | 1/2 [00:04<00:04]\nKilled")
     result = explain(log)
     assert result.kind == "host_oom" and [a["kind"] for a in result.also] == ["bnb_setup"]
+
+
+def test_host_oom_with_config_sizes_the_load():
+    result = explain("Loading checkpoint shards:  38%|###  | 3/8 [00:02<00:03,  1.28it/s]Killed", config="qwen2.5-0.5b")
+    c = result.computed
+    assert result.kind == "host_oom" and c["source"].startswith("prediction")
+    assert c["fp32_bytes"] == 2 * c["bf16_bytes"] > 0

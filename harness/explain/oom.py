@@ -177,6 +177,11 @@ def recognise_host_oom(log: Log, ctx: Context) -> list[Finding]:
     fix = ("give the process more host RAM (or swap): load with torch_dtype=torch.bfloat16 and device_map=\"auto\" "
            "(low_cpu_mem_usage: one shard at a time, straight to the GPU), prefer safetensors shards over .bin, "
            "close other programs, and raise the container/WSL/VM memory limit if there is one.")
+    computed = planners.safe(planners.host_load_bytes, ctx)
+    if computed and "error" not in computed:
+        fix += (f" For {computed['model']}: about {gib(computed['bf16_bytes'])} of RAM loading in bf16, "
+                f"{gib(computed['fp32_bytes'])} in float32 (the default without torch_dtype).")
     score = 75 if (dmesg or loading) else 55
     return [Finding("host_oom", "the process was killed for lack of host memory"
-                    + (" while loading the model" if loading else ""), causes, fix, score=score, position=m.end())]
+                    + (" while loading the model" if loading else ""), causes, fix, score=score, position=m.end(),
+                    computed=computed)]

@@ -90,6 +90,19 @@ def vllm_plan(ctx: Context, gpu: Gpu | None, utilization: float, max_model_len: 
             "largest_gpu_memory_utilization": result.largest_gpu_memory_utilization, "reason": result.reason}
 
 
+def host_load_bytes(ctx: Context) -> dict[str, Any] | None:
+    """Host RAM a plain from_pretrained materialises for --config's model, per load dtype."""
+    if not ctx.config:
+        return None
+    from ..memory.shape import model_shape
+    from ..memory.weights import weight_bytes
+
+    shape = model_shape(ctx.config)
+    return {"source": "prediction: the model's weight bytes (harness.memory.weights) per load dtype",
+            "model": str(ctx.config), "fp32_bytes": weight_bytes(shape, "fp32"),
+            "bf16_bytes": weight_bytes(shape, "bf16")}
+
+
 def utilization_that_starts(free_bytes: float, total_bytes: float, margin: float = 0.01) -> float:
     """vLLM V1 refuses to start unless free >= utilization x total: the largest two-decimal
     utilization under free/total, less a margin for what the next start's context takes."""
