@@ -228,4 +228,4 @@ def test_host_oom_with_config_sizes_the_load():
     result = explain("Loading checkpoint shards:  38%|###  | 3/8 [00:02<00:03,  1.28it/s]Killed", config="qwen2.5-0.5b")
     c = result.computed
     assert result.kind == "host_oom" and c["source"].startswith("prediction")
-    assert c["fp32_bytes"] == 2 * c["bf16_bytes"] > 0
+    assert c["bf16_bytes"] > 0 and abs(c["fp32_bytes"] / c["bf16_bytes"] - 2) < 0.01  # 4 vs 2 bytes a weight
