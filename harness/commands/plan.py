@@ -80,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
                    lora_targets=targets, grad_checkpointing=opts.grad_checkpointing, optimizer=opts.optimizer)
     offload = _offload(args, opts, B.default_headroom("generate") if args.headroom is None
                        else args.headroom, precisions) if args.offload else None
+    advice = _train_advice(shape, plans, opts, budget, context, headroom, args.batch_seq_len, limit.tokens) if args.train else {}
     if args.json:
         out = {"budget_bytes": budget, "context_bytes": context, "headroom": headroom, "mode": mode,
                "context_limit": limit.tokens, "context_limit_source": limit.source,
-               "plans": [p.as_dict() | _engine(p.precision) for p in plans]}
+               "plans": [p.as_dict() | _engine(p.precision) | _advice_of(advice, p.precision) for p in plans]}
         if args.train:
             out.update(lora_r=opts.lora_r, lora_targets=list(targets), optimizer=opts.optimizer,
                        grad_checkpointing=opts.grad_checkpointing, lora_note=note)
@@ -104,9 +105,44 @@ def run(args: argparse.Namespace) -> int:
               f"{p.max_seq_len if p.max_seq_len else '-':>11} {p.max_batch if p.max_batch else '-':>15}  {p.reason}")
     for name in dict.fromkeys(p.precision for p in plans if p.precision in E.ENGINES):
         print(f"{name}: {E.ENGINES[name]}")
+    _print_advice(plans, advice)
     if offload is not None:
         print_offload(offload)
     return 0
+
+
+def _train_advice(shape, plans, opts: SharedOptions, budget: int, context: int, headroom: float, seq: int,
+                  limit: int | None) -> dict:
+    """Per precision whose weights fit: what stops training at --batch-seq-len tokens (batch 1)
+    and which change helps most (harness.memory.advice)."""
+    from ..memory.advice import train_advice
+    from ..memory.estimate import Query
+
+    seq = min(seq, limit) if limit else seq
+    out = {}
+    for p in plans:
+        if not p.fits and p.reason.startswith("weights alone"):
+            continue
+        q = Query(p.precision, "train", seq_len=seq, batch=1, lora_r=opts.lora_r, lora_targets=tuple(opts.lora_targets),
+                  grad_checkpointing=opts.grad_checkpointing, optimizer=opts.optimizer)
+        out[p.precision] = train_advice(shape, q, budget, context, headroom)
+    return out
+
+
+def _advice_of(advice: dict, precision: str) -> dict:
+    return {"advice": advice[precision].as_dict()} if precision in advice else {}
+
+
+def _print_advice(plans, advice: dict) -> None:
+    from ..memory.advice import advice_lines
+
+    stopped = [p.precision for p in plans if p.precision in advice and not advice[p.precision].fits]
+    if advice and not stopped:
+        a = next(iter(advice.values()))
+        print(f"training at {a.seq_len} tokens fits at every precision whose weights fit")
+    for precision in stopped:
+        print(f"\n{precision}: what stops it and what helps")
+        print("\n".join(advice_lines(advice[precision])))
 
 
 def _engine(precision: str) -> dict:
