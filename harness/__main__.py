@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "estimate": ("estimate", "predict peak VRAM for a config at precisions, modes and lengths"),
     "plan": ("plan", "longest context and largest batch that fit a VRAM budget, per precision"),
     "check-dir": ("check_dir", "check a model directory: complete, consistent, safe to load"),
+    "drift": ("drift", "did quantizing change what the model says: KL, top-1, perplexity, greedy answers"),
     "bench": ("bench", "load an OpenAI-compatible endpoint and measure TTFT, TPOT, ITL, throughput"),
     "compare": ("compare", "compare two bench results with a noise model; exit 1 on a regression"),
     "report": ("report", "render results JSON files into one self-contained HTML report"),

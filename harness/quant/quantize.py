@@ -119,19 +119,27 @@ def run_quantize(python: str | Path, jobs: Sequence[QuantizeJob], log_path: Path
 
 
 def worker_logits(python: str | Path, model_dirs: Sequence[Path], input_ids, device: str = "cpu",
-                  log_path: Path | None = None, progress: bool = True) -> list:
+                  log_path: Path | None = None, progress: bool = True, prompts: list[list[int]] | None = None,
+                  max_new_tokens: int = 32) -> list:
     """[batch, seq, vocab] float32 logits of each directory on `input_ids`, computed in the
     quantizer's venv: its transformers and compressed-tensors wrote the checkpoints, and newer
     transformers releases do not load every compressed-tensors layout (transformers 5.24 refuses
-    the asymmetric W4A16 zero points that compressed-tensors 0.19 packs)."""
+    the asymmetric W4A16 zero points that compressed-tensors 0.19 packs). With `prompts` (token ids), each item is (logits, greedy continuation ids per prompt)."""
     from safetensors.torch import load_file
 
     work = Path(tempfile.mkdtemp(prefix="harness-logits-"))
     ids = [list(map(int, row)) for row in input_ids]
     requests = [{"action": "logits", "model_dir": str(d), "samples": ids, "device": device,
                  "logits_path": str(work / f"logits-{i}.safetensors")} for i, d in enumerate(model_dirs)]
+    if prompts is not None:
+        requests = [r | {"prompts": prompts, "max_new_tokens": max_new_tokens} for r in requests]
     outcomes = _run_requests(python, requests, [f"logits of {d}" for d in model_dirs], log_path, progress, 3600.0, 15.0)
-    return [load_file(data["logits_path"])["logits"] for data in outcomes]
+    values = [load_file(data["logits_path"])["logits"] for data in outcomes]
+    for data in outcomes:
+        Path(data["logits_path"]).unlink(missing_ok=True)
+    if prompts is None:
+        return values
+    return [(v, data["greedy"]) for v, data in zip(values, outcomes)]
 
 
 def _run_requests(python, requests: list[dict], names: list[str], log_path: Path | None, progress: bool,

@@ -8,6 +8,7 @@ without a tokenizer (a reference architecture with random weights) gets seeded r
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 CALIBRATION_SEED = 101
 EVALUATION_SEED = 202
@@ -42,3 +43,53 @@ def token_ids_for(model_dir, samples: int, seq_len: int, seed: int) -> list[list
         return corpus_token_ids(load_tokenizer(model_dir), samples, seq_len, seed)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     return random_token_ids(vocab, samples, seq_len, seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real text, for a real model: evaluation on the held-out paragraphs shipped with the harness,
+# calibration on text that ships with Python (standard-library docstrings): never the same text.
+
+HELDOUT_TEXT = Path(__file__).resolve().parent / "data" / "heldout.txt"
+CALIBRATION_MODULES = ("argparse", "json", "collections", "datetime", "pathlib", "logging", "subprocess",
+                       "threading", "csv", "textwrap", "unittest", "email.message", "http.client", "zipfile")
+
+
+def stdlib_text(modules: tuple[str, ...] = CALIBRATION_MODULES) -> str:
+    """Docstrings of standard-library modules and their public members: prose and code that ships
+    with every Python, so calibration needs nothing fetched."""
+    import importlib
+    import inspect
+
+    parts = []
+    for name in modules:
+        module = importlib.import_module(name)
+        parts.append(inspect.getdoc(module) or "")
+        for attr in sorted(vars(module)):
+            member = getattr(module, attr)
+            if not attr.startswith("_") and (inspect.isclass(member) or inspect.isfunction(member)):
+                doc = inspect.getdoc(member)
+                if doc and len(doc) > 80:
+                    parts.append(doc)
+    return "\n\n".join(p for p in parts if p)
+
+
+def text_token_ids(tokenizer, text: str, seq_len: int, max_rows: int | None = None) -> list[list[int]]:
+    """Consecutive rows of exactly `seq_len` ids from `text` (the tail shorter than a row is dropped)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    rows = [ids[i:i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len)]
+    if not rows:
+        raise ValueError(f"the text has {len(ids)} tokens: fewer than one row of {seq_len}")
+    return rows[:max_rows] if max_rows else rows
+
+
+def read_text_file(path) -> str:
+    """A --text file, as one line of error when it is not readable UTF-8 text."""
+    from ..errors import UsageError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--text {path}: cannot read it as UTF-8 text ({type(exc).__name__})") from None
+    if not text.strip():
+        raise UsageError(f"--text {path}: the file is empty")
+    return text

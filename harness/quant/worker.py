@@ -156,8 +156,25 @@ def logits(req: dict) -> dict:
         for start in range(0, ids.shape[0], 8):
             rows.append(model(ids[start:start + 8].to(device)).logits.float().cpu())
     save_file({"logits": torch.cat(rows).contiguous()}, req["logits_path"])
-    return {"logits_path": req["logits_path"],
-            "linear_classes": sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__})}
+    out = {"logits_path": req["logits_path"],
+           "linear_classes": sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__})}
+    if req.get("prompts"):
+        out["greedy"] = _greedy(model, req["prompts"], int(req.get("max_new_tokens", 32)), device)
+    return out
+
+
+def _greedy(model, prompts, max_new_tokens: int, device: str) -> list[list[int]]:
+    """Greedy continuations (token ids) of each prompt, one at a time (no padding)."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            tensor = torch.tensor([ids], dtype=torch.long, device=device)
+            generated = model.generate(tensor, attention_mask=torch.ones_like(tensor),
+                                       max_new_tokens=max_new_tokens, do_sample=False)
+            out.append(generated[0, len(ids):].tolist())
+    return out
 
 
 def run_job(req: dict) -> int:
