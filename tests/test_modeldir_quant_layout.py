@@ -69,6 +69,10 @@ def test_well_formed_layouts_pass(tiny_model_dir, tmp_path, method, qcfg):
      lambda t: t.__setitem__("model.layers.1.self_attn.o_proj.scales", torch.ones(256, 2)), "quant.scales"),
     ("gptq g_idx short", "gptq", GPTQ,
      lambda t: t.__setitem__("model.layers.0.self_attn.q_proj.g_idx", torch.zeros(128, dtype=torch.int32)), "quant.g_idx"),
+    ("gptq one layer's qweight removed, its scales and zeros kept", "gptq", GPTQ,
+     lambda t: t.pop("model.layers.1.mlp.down_proj.qweight"), "quant.packed_tensor"),
+    ("awq one layer's qweight removed", "awq", AWQ,
+     lambda t: t.pop("model.layers.0.self_attn.k_proj.qweight"), "quant.packed_tensor"),
     ("o_proj not converted per the config but packed", "awq", AWQ | {"modules_to_not_convert": ["o_proj"]}, None,
      "quant.ignored_but_quantized"),
 ])

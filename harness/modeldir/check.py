@@ -31,6 +31,7 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
         return DirReport(directory=str(view.root), findings=out.findings, deep=deep, bytes_read=view.bytes_read,
                          files_checked=sum(1 for e in view.entries.values() if e.kind == "file"))
     config = _check_config(view, out, allow_remote_code)
+    expected = _expected(config, out) if config is not None else None  # also: does transformers accept it?
     tokenizer_json = _check_tokenizer(view, out, allow_remote_code)
     _check_generation_config(view, out, config)
     headers, stored, weights_whole = _check_weights(view, out)
@@ -45,7 +46,6 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
         quantized = quantization.check_quantization(config, stored, out)
         if not quantized:
             consistency.check_dtype(config, stored, out)
-        expected = _expected(config, out)
         if expected is not None and weights_whole:
             consistency.check_tensors(expected, stored, out, quantized)
             if quantized:
@@ -57,6 +57,7 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
     elif deep and headers:
         _deep(view, out, headers, stored, None, progress)
 
+    out.close()
     report = DirReport(directory=str(view.root), findings=out.findings, deep=deep,
                        files_checked=sum(1 for e in view.entries.values() if e.kind == "file"),
                        bytes_read=view.bytes_read)
@@ -154,6 +155,14 @@ def _report_pickle(rel: str, scan: PickleScan, out: Collector, allow_pickle: boo
 
 def _check_config(view: DirView, out: Collector, allow_remote_code: bool) -> dict | None:
     if not view.exists("config.json"):
+        inside = sorted(rel.rsplit("/", 1)[0] for rel in view.entries
+                        if rel.endswith("/config.json") and rel.count("/") <= 2 and view.exists(rel))
+        if inside:
+            named = ", ".join(inside[:5]) + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
+            out.add("config.missing", "config.json",
+                    f"no config.json here, but {named} hold one: this looks like a folder of models; "
+                    f"check each one (check-dir {view.root / inside[0]})")
+            return None
         out.add("config.missing", "config.json",
                 "no config.json: copy it from the base model (and set its dtype and vocab_size to match the weights)")
         return None
@@ -359,11 +368,36 @@ def _expected(config: dict, out: Collector):
     try:
         return consistency.expected_model(config)
     except Exception as exc:  # noqa: BLE001 - any failure to build the architecture is a finding
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = _transformers_sentence(exc)
+        if _known_model_type(config.get("model_type")):
+            import transformers
+
+            out.add("config.rejected", "config.json",
+                    f"transformers {transformers.__version__} refuses this config.json: {reason[:300]}; "
+                    "from_pretrained would fail the same way: fix config.json")
+            return None
         out.add("arch.unknown", "config.json",
                 f"cannot instantiate model_type {config.get('model_type')!r} with this transformers ({reason[:200]}): "
                 "shapes and vocab not checked")
         return None
+
+
+def _transformers_sentence(exc: Exception) -> str:
+    """The most specific line of transformers' error (a validator's ValueError under its wrapper)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    inner = [line for line in lines[1:] if ":" in line and line.split(":", 1)[0].endswith(("Error", "Exception"))]
+    return inner[0].split(":", 1)[1].strip().replace("`", "") if inner else lines[0]
+
+
+def _known_model_type(model_type) -> bool:
+    try:
+        from transformers import CONFIG_MAPPING
+
+        return isinstance(model_type, str) and model_type in CONFIG_MAPPING
+    except Exception:  # noqa: BLE001 - transformers missing: nothing is known
+        return False
 
 
 def _check_tokenizer_fits(expected, stored, tokenizer_json: dict, out: Collector) -> None:

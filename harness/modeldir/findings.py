@@ -17,6 +17,7 @@ CODES: dict[str, tuple[str, str]] = {
     # completeness
     "config.missing": (ERROR, "no config.json"),
     "config.invalid": (ERROR, "config.json is not a JSON object with a model_type"),
+    "config.rejected": (ERROR, "the installed transformers refuses to build the model from config.json (its own sentence)"),
     "weights.missing": (ERROR, "no weights (model.safetensors, an index with its shards, or pytorch_model.bin)"),
     "weights.adapter_only": (ERROR, "only adapter weights: the merge result was not saved (merge_and_unload() not assigned?)"),
     "weights.index_invalid": (ERROR, "the weights index is not JSON with a weight_map of names to files"),
@@ -139,16 +140,33 @@ class DirReport:
                 "files_checked": self.files_checked, "bytes_read": self.bytes_read}
 
 
+MAX_PER_CODE = 20  # findings of one code listed; the rest are counted in one closing finding
+
+
 class Collector:
-    """Accumulates findings with their default severity (or an override)."""
+    """Accumulates findings with their default severity (or an override), at most MAX_PER_CODE
+    of one code; `close()` adds "... and N more like this" for each code that had more."""
 
     def __init__(self) -> None:
         self.findings: list[Finding] = []
+        self._listed: dict[str, int] = {}
+        self._more: dict[str, tuple[int, str]] = {}  # code -> (count not listed, worst severity)
 
     def add(self, code: str, path: str, message: str, severity: str | None = None) -> None:
         if code not in CODES:
             raise KeyError(f"undocumented finding code {code!r}")
-        self.findings.append(Finding(code, severity or CODES[code][0], path, message))
+        severity = severity or CODES[code][0]
+        if self._listed.get(code, 0) >= MAX_PER_CODE:
+            count, worst = self._more.get(code, (0, WARNING))
+            self._more[code] = (count + 1, ERROR if ERROR in (severity, worst) else WARNING)
+            return
+        self._listed[code] = self._listed.get(code, 0) + 1
+        self.findings.append(Finding(code, severity, path, message))
+
+    def close(self) -> None:
+        for code, (count, severity) in self._more.items():
+            self.findings.append(Finding(code, severity, ".", f"... and {count:,} more like this (not listed)"))
+        self._more = {}
 
     def has(self, code: str) -> bool:
         return any(f.code == code for f in self.findings)

@@ -46,11 +46,14 @@ class DirView:
     @classmethod
     def open(cls, path: str | os.PathLike) -> "DirView":
         """Validate DIR (UsageError: missing, not a directory, unreadable, empty) and list it."""
+        if not str(path).strip():
+            raise UsageError("DIR is empty: give the model directory to check (use . for the current one)")
         raw = Path(path).expanduser()
         if not os.path.lexists(raw):
             raise UsageError(f"{raw}: no such directory")
         if not raw.is_dir():
-            raise UsageError(f"{raw}: not a directory")
+            kind = "a file" if raw.is_file() else "not a directory"
+            raise UsageError(f"{raw}: {kind}, not a model directory: give the folder that holds config.json")
         try:
             names = os.listdir(raw)
         except PermissionError:

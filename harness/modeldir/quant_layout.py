@@ -241,7 +241,9 @@ def check_compressed_tensors(qcfg: dict, stored, layers: list[Layer], out: Colle
             if f"{p}.weight" in stored:
                 check.problem("quant.layer_not_quantized", check.path(f"{p}.weight"),
                               f"{p} is targeted ({scheme.bits}-bit) but stored as a float weight")
-            continue  # nothing stored at all: arch.missing_tensor says so
+            else:
+                _missing_packed(check, stored, p, packed, ("weight_scale", "weight_zero_point", "weight_shape"))
+            continue
         check.expect("quant.packed_tensor", packed, {"I32"},
                      (layer.out_features, math.ceil(layer.in_features * scheme.bits / 32)),
                      f"[out, in*{scheme.bits}/32] int32")
@@ -265,6 +267,14 @@ def check_compressed_tensors(qcfg: dict, stored, layers: list[Layer], out: Colle
         notes += _kernel_notes(layer, scheme)
     check.flush(ADVICE)
     _kernel_warning(notes, out)
+
+
+def _missing_packed(check: LayoutChecker, stored, layer: str, packed: str, siblings: tuple[str, ...]) -> None:
+    """A layer the config quantizes without its packed weight: the loader cannot build it."""
+    present = [f"{layer}.{s}" for s in siblings if f"{layer}.{s}" in stored]
+    where = check.path(present[0]) if present else "."
+    beside = f" (its {', '.join(n.rsplit('.', 1)[1] for n in present)} are stored)" if present else ""
+    check.problem("quant.packed_tensor", where, f"{packed} is missing{beside}: the config quantizes {layer}")
 
 
 # -- GPTQ and AWQ (their own formats) --------------------------------------------------------------
@@ -314,6 +324,8 @@ def check_gptq_awq(method: str, qcfg: dict, stored, layers: list[Layer], lm_head
         if qweight not in stored:
             if f"{p}.weight" in stored and not qcfg.get("dynamic"):
                 check.problem("quant.layer_not_quantized", check.path(f"{p}.weight"), f"{p} is stored as a float weight")
+            elif f"{p}.weight" not in stored:
+                _missing_packed(check, stored, p, qweight, ("scales", "qzeros", "g_idx"))
             continue
         if method == "gptq":
             want = (layer.in_features // pack, layer.out_features)
