@@ -229,3 +229,23 @@ def test_host_oom_with_config_sizes_the_load():
     c = result.computed
     assert result.kind == "host_oom" and c["source"].startswith("prediction")
     assert c["bf16_bytes"] > 0 and abs(c["fp32_bytes"] / c["bf16_bytes"] - 2) < 0.01  # 4 vs 2 bytes a weight
+
+
+@pytest.mark.parametrize("text, kind, must", [
+    ("ValueError: User-specified max_model_len (65536) is greater than the derived max_model_len "
+     "(max_position_embeddings=32768 or model_max_length=None in model's config.json).", "vllm_startup",
+     "--max-model-len 32768"),
+    ("ValueError: Model architectures ['Qwen9ForCausalLM'] are not supported for now.", "vllm_startup", "upgrade vLLM"),
+    ("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", "driver_cuda_mismatch",
+     "LD_LIBRARY_PATH"),
+    ("RuntimeError: CUDA unknown error - this may be due to an incorrectly set up environment, e.g. changing env "
+     "variable CUDA_VISIBLE_DEVICES after program start.", "driver_cuda_mismatch", "nvidia_uvm"),
+    ("RuntimeError: FlashAttention only supports Ampere GPUs or newer.", "driver_cuda_mismatch", "sdpa"),
+    ("Error named symbol not found at line 74 in file /src/csrc/ops.cu", "bnb_setup", "upgrade bitsandbytes"),
+    ("ValueError: NaNs detected in the merged weights. The adapter default seems to be broken", "nan_loss", "bf16"),
+    ("ValueError: The checkpoint you are trying to load has model type `qwen3` but Transformers does not recognize "
+     "this architecture.", "model_dir", "upgrade transformers"),
+])
+def test_more_library_messages(text, kind, must):
+    result = explain(text)
+    assert result.kind == kind and must in result.fix, result.fix

@@ -29,6 +29,11 @@ _ASSERT = r"device-side assert triggered|CUDA error: device-side assert|Assertio
 _MISMATCH = r"Driver/library version mismatch|NVML library version mismatch"
 _NO_DRIVER = r"Found no NVIDIA driver on your system|NVIDIA-SMI has failed because it couldn't communicate"
 _SMI_CUDA = r"CUDA Version:\s*(\d+)\.(\d+)"
+_LIBCUDART = r"(libcudart|libcublas\w*|libcudnn\w*|libnvrtc)\.so\.(\d+)[\d.]*: cannot open shared object file"
+_INIT = (r"CUDA unknown error - this may be due to an incorrectly set up environment|error 802|"
+         r"system not yet initialized|cudaErrorSystemNotReady|forward compatibility was attempted on non supported HW|"
+         r"error 804|system has unsupported display driver / cuda driver combination|error 803")
+_FLASH = r"FlashAttention only supports Ampere GPUs or newer|Your setup doesn't support bf16/gpu|bf16.{0,40}requires.{0,60}(?:Ampere|supported device)"
 
 
 def _driver_cuda(found: int) -> tuple[int, int]:
@@ -125,6 +130,7 @@ def recognise_misc_stack(log: Log, ctx: Context) -> list[Finding]:
         out.append(Finding("driver_cuda_mismatch", "the loaded kernel driver and the NVIDIA libraries differ",
                            [Cause("the driver was updated but the old kernel module is still loaded", log.line_of(m))],
                            "reboot (or unload and reload the nvidia kernel modules).", score=80, position=m.end()))
+    out.extend(_runtime_problems(log))
     m = log.search(_NO_DRIVER)
     if m:
         out.append(Finding("driver_cuda_mismatch", "no NVIDIA driver answers",
@@ -135,7 +141,42 @@ def recognise_misc_stack(log: Log, ctx: Context) -> list[Finding]:
     return out
 
 
-_BNB = (r"CUDA Setup failed despite GPU being available|Could not find the bitsandbytes CUDA binary|"
+def _runtime_problems(log: Log) -> list[Finding]:
+    out = []
+    m = log.search(_LIBCUDART)
+    if m:
+        out.append(Finding("driver_cuda_mismatch", f"a CUDA {m.group(2)} library ({m.group(1)}) is not installed",
+                           [Cause(f"a package built for CUDA {m.group(2)} found no {m.group(1)}.so.{m.group(2)}: its CUDA "
+                                  "runtime is neither in torch's wheels nor on LD_LIBRARY_PATH", log.line_of(m))],
+                           f"install packages built for the CUDA your torch uses (pip install the cu{m.group(2)}x build, or "
+                           f"nvidia-*-cu{m.group(2)} wheels), or add the toolkit's lib64 to LD_LIBRARY_PATH.",
+                           score=70, position=m.end()))
+    m = log.search(_INIT)
+    if m:
+        code = next((c for c in ("802", "803", "804") if c in m.group(0)), None)
+        cause = {"802": "the fabric manager is not running (NVSwitch systems: HGX/DGX)",
+                 "803": "the CUDA user-space driver and the kernel module differ (a mixed install)",
+                 "804": "CUDA forward compatibility is installed on a GPU that does not support it (consumer cards)"}
+        out.append(Finding("driver_cuda_mismatch", "CUDA could not initialise",
+                           [Cause(cause.get(code, "the driver state is broken: often after suspend/resume or a driver "
+                                  "update without reboot (nvidia_uvm not loaded)"), log.line_of(m))],
+                           {"802": "start nvidia-fabricmanager (same version as the driver), then retry.",
+                            "803": "reinstall one matching driver (kernel module and libcuda), then reboot.",
+                            "804": "remove the cuda-compat package from the library path; use a driver that "
+                                   "supports the CUDA build natively."}.get(code, "reboot, or reload nvidia_uvm "
+                                   "(sudo rmmod nvidia_uvm && sudo modprobe nvidia_uvm)."),
+                           score=75, position=m.end()))
+    m = log.search(_FLASH)
+    if m:
+        out.append(Finding("driver_cuda_mismatch", "the GPU is older than the kernels or dtype asked for",
+                           [Cause("FlashAttention-2 and bf16 need compute capability 8.0 (Ampere) or newer",
+                                  log.line_of(m))],
+                           "use attn_implementation='sdpa' (or 'eager') and fp16 instead of bf16 on this card.",
+                           score=75, position=m.end()))
+    return out
+
+
+_BNB = (r"Error named symbol not found at line \d+ in file|CUDA Setup failed despite GPU being available|Could not find the bitsandbytes CUDA binary|"
         r"libbitsandbytes_cuda\d+\w*\.so|compiled without GPU support|Could not load bitsandbytes native library|"
         r"libbitsandbytes_cpu\.so: undefined symbol|CUDA SETUP: Required library version not found|"
         r"bitsandbytes.{0,40}requires the latest version|No module named 'bitsandbytes'")
@@ -163,6 +204,10 @@ def recognise_bnb(log: Log, ctx: Context) -> list[Finding]:
     if log.has(r"libcudart\.so not found|did not contain \['libcudart"):
         causes.append(Cause("an old bitsandbytes searched for libcudart.so on its own and did not find it",
                             log.evidence(r"libcudart\.so not found.*|did not contain \['libcudart.*") or evidence))
+    named = log.search(r"Error named symbol not found at line \d+ in file.*")
+    if named:
+        causes.append(Cause("the native library has no kernel for this GPU's architecture (a build for other "
+                            "compute capabilities)", log.line_of(named)))
     if not causes:
         causes.append(Cause("bitsandbytes could not load its native CUDA library", evidence))
     fixes.append("upgrade bitsandbytes (pip install -U bitsandbytes: from 0.43 its wheels ship a library per CUDA "

@@ -18,7 +18,7 @@ from .text import Log
 _NAN = (r"['\"]?(?:train_)?(?:loss|grad_norm|avr_loss|train_loss|eval_loss)['\"]?\s*[:=]\s*['\"]?(?:nan|-?inf)\b|"
         r"\bloss (?:is|became|=) ?(?:nan|inf)\b|returned nan values in its \d+\w* output|"
         r"grad_norm\s+is\s+nan|grad_norm.{0,60}\bnan\b|(?:adapter|weights|loss) (?:is|are|became) (?:entirely |all )?NaN|\bNaN (?:loss|detected)|non-finite (?:loss|value)|"
-        r"Loss is NaN")
+        r"Loss is NaN|NaNs detected in the merged weights")
 _HUGE_GRAD = r"grad_norm['\"]?\s*[:=]\s*([\d.]+e\+?\d+|\d{5,}(?:\.\d+)?)|grad_norm.{0,30}(\d(?:\.\d)?)\s*million"
 
 
@@ -57,6 +57,7 @@ _SIZE_MISMATCH = (r"size mismatch for ([\w.]+): copying a param with shape torch
                   r"checkpoint,\s*the shape in\s*current model is torch\.Size\(\[([\d, ]*)\]\)")
 _HEADER = r"HeaderTooLarge|header too large|MetadataIncompleteBuffer|incomplete metadata|Error while deserializing header"
 _BASE_MODEL = r"There is no module or parameter named '(base_model|[\w.]*lora_[AB][\w.]*|[\w.]*base_layer[\w.]*)'"
+_ARCH_UNKNOWN = r"has model type `(\w+)` but Transformers does not recognize this architecture"
 _MISSING = (r"Missing key\(s\) in state_dict|Unexpected key\(s\) in state_dict|does not appear to have a file named "
             r"(config\.json|pytorch_model\.bin|model\.safetensors)|Error no file named (pytorch_model\.bin|model\.safetensors)")
 
@@ -115,6 +116,13 @@ def recognise_model_dir(log: Log, ctx: Context) -> list[Finding]:
                            "download the weights again (git lfs pull, or huggingface-cli download; compare the file "
                            "size with the hub's), then python -m harness check-dir DIR --deep; if the file is whole, "
                            "upgrade safetensors.", score=80, position=m.end()))
+    m = log.search(_ARCH_UNKNOWN)
+    if m:
+        out.append(Finding("model_dir", f"this transformers does not know the model type `{m.group(1)}`",
+                           [Cause("the checkpoint is newer than the installed transformers (or its config.json names a "
+                                  "wrong model_type)", log.line_of(m))],
+                           "pip install --upgrade transformers (a model newer than the last release needs the "
+                           "version its model card names); check config.json's model_type.", score=80, position=m.end()))
     m = log.search(_MISSING)
     if m:
         out.append(Finding("model_dir", "the model directory is missing files or tensors the loader expects",

@@ -253,4 +253,32 @@ def recognise_misc(log: Log, ctx: Context) -> list[Finding]:
     return out
 
 
-RECOGNISERS = (recognise_kv, recognise_no_blocks, recognise_free_memory, recognise_quantization, recognise_misc)
+_DERIVED = (r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \((\w+)=(\d+)"
+            r"(?: or model_max_length=(\w+))?")
+_ARCHITECTURE = r"Model architectures? \[?'?([\w', ]+?)'?\]? (?:are|is) not supported for now"
+
+
+def recognise_model_support(log: Log, ctx: Context) -> list[Finding]:
+    out = []
+    m = log.search(_DERIVED)
+    if m and not log.has(r"VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution"):
+        asked, key, derived = int(m.group(1)), m.group(2), int(m.group(3))
+        out.append(Finding("vllm_startup", f"--max-model-len {asked} is longer than the model's own limit",
+                           [Cause(f"the config's {key} is {derived}: vLLM refuses a longer context (positions past "
+                                  "it give NaN with RoPE)", log.line_of(m))],
+                           f"start with --max-model-len {derived} (or less); only a model with rope scaling for the "
+                           f"longer context should run past it (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 overrides the check).",
+                           score=88, position=m.end(), figures_from_log={"max_model_len": asked, key: derived},
+                           computed={"max_model_len": derived, "source": f"the log: the model's {key}"}))
+    m = log.search(_ARCHITECTURE)
+    if m:
+        out.append(Finding("vllm_startup", "this vLLM has no implementation of the model's architecture",
+                           [Cause(f"architectures {m.group(1).strip()} are not in this vLLM release's registry (a newer "
+                                  "model, or a custom architecture)", log.line_of(m))],
+                           "upgrade vLLM to a release that lists the architecture; for a custom architecture with "
+                           "its own code, --trust-remote-code lets vLLM fall back to the transformers implementation.",
+                           score=85, position=m.end()))
+    return out
+
+
+RECOGNISERS = (recognise_model_support, recognise_kv, recognise_no_blocks, recognise_free_memory, recognise_quantization, recognise_misc)
