@@ -103,3 +103,20 @@ def test_vllm_venv_found_under_root(tmp_path):
     python.write_text("")
     resolved = s.resolve({}, root=tmp_path)
     assert resolved.vllm_python == python and not resolved.vllm_python_explicit
+
+
+def test_one_option_table_gives_the_pytest_options_their_help_and_their_parsing(pytestconfig, tmp_path, monkeypatch):
+    """settings.options() is the only declaration: pytest knows every flag of it, the help names
+    the default the parser applies, an environment variable stands in for a missing flag."""
+    table = dict(s.options())
+    assert {opt.flag for opt in table.values()} >= {"--model", "--device", "--vram-budget", "--precisions",
+                                                   "--expect-gpu", "--report-dir", "--vllm-python", "--endpoint",
+                                                   "--baseline", "--hw-level", "--llmcompressor-python"}
+    for name, opt in table.items():
+        pytestconfig.getoption(name)  # declared by the plugin from the table (ValueError if not)
+        assert opt.flag == "--" + name.replace("_", "-")
+    assert "(default: auto)" in table["device"].help_text() and s.resolve({}, root=tmp_path).device == "auto"
+    assert "$HARNESS_REPORT_DIR, else reports/" in table["report_dir"].help_text()
+    monkeypatch.setenv("HARNESS_REPORT_DIR", str(tmp_path / "elsewhere"))
+    assert s.resolve({}, root=tmp_path).report_dir == tmp_path / "elsewhere"
+    assert s.resolve({"report_dir": str(tmp_path / "flag")}, root=tmp_path).report_dir == tmp_path / "flag"

@@ -23,12 +23,12 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.when == "setup" and report.skipped and isinstance(report.longrepr, tuple):
-        from harness.plugin import results_key
+        from harness.plugin_run import run_state
 
-        results = item.config.stash.get(results_key, None)
-        if results is not None:
+        run = run_state(item.config)
+        if run is not None:
             reason = str(report.longrepr[2]).removeprefix("Skipped: ")
-            results.add_row(READINESS, {"check": item.name.removeprefix("test_"), "value": reason,
+            run.results.add_row(READINESS, {"check": item.name.removeprefix("test_"), "value": reason,
                                         "expectation": "", "verdict": "skip", "fix": ""})
 
 
