@@ -19,10 +19,14 @@ DEFAULT_NEW_TOKENS = 64
 DEFAULT_LORA_R = 16
 
 
-def add_shared_options(parser: argparse.ArgumentParser, *, precision_help: str, budget_help: str) -> None:
-    """Declare the shared options on one command's parser; the two help texts differ by command."""
+def add_shared_options(parser: argparse.ArgumentParser, *, precision_help: str, budget_help: str,
+                       config_repeats: bool = False) -> None:
+    """Declare the shared options on one command's parser; the two help texts differ by command.
+    `config_repeats`: --config may be given more than once (a list; plan's two models on one card)."""
     parser.add_argument("--config", required=True, metavar="DIR|config.json|NAME",
-                        help="model directory, config.json, a .gguf file, or a reference name (harness/configs)")
+                        action="append" if config_repeats else "store",
+                        help="model directory, config.json, a .gguf file, or a reference name (harness/configs)"
+                             + ("; twice: two models on one card" if config_repeats else ""))
     parser.add_argument("--precision", default=None, help=precision_help)
     parser.add_argument("--new-tokens", default=str(DEFAULT_NEW_TOKENS),
                         help=f"tokens generated after the prompt (default {DEFAULT_NEW_TOKENS}; "

@@ -12,8 +12,14 @@ from .model_options import SharedOptions, add_shared_options, read_precisions, r
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_shared_options(parser, precision_help="comma list (default: all; --offload: bf16)",
-                       budget_help="VRAM of the card, e.g. 6GiB or 8GB (required unless --engine vllm)")
+    add_shared_options(parser, precision_help="comma list (default: all; --offload: bf16; two --config: one "
+                                              "precision, or one per model, default nf4-dq)",
+                       budget_help="VRAM of the card, e.g. 6GiB or 8GB (required unless --engine vllm)",
+                       config_repeats=True)
+    parser.add_argument("--turn-tokens", type=int, default=256,
+                        help="two --config: prompt tokens a conversation turn adds (plus --new-tokens generated)")
+    parser.add_argument("--disk-gbps", type=float, default=2.0,
+                        help="two --config: disk read rate a switch loads the checkpoint at (GB/s, default 2.0)")
     parser.add_argument("--train", action="store_true", help="plan LoRA/QLoRA training instead of inference")
     parser.add_argument("--headroom", type=float, default=None,
                         help="allocator reserve kept free, a fraction of the peak (default 0.03, training 0.057)")
@@ -47,6 +53,18 @@ def _offload(args, opts: SharedOptions, headroom, precisions):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+
+    configs = list(args.config)
+    if len(configs) > 2:
+        raise UsageError(f"--config: given {len(configs)} times; plan takes one model, or two sharing a card")
+    if len(configs) == 2:
+        if args.engine == "vllm" or args.offload:
+            raise UsageError("two --config plan a shared card; --engine vllm and --offload take one model")
+        from . import plan_two
+
+        return plan_two.run(args, configs)
+    args.config = configs[0]
     if args.engine == "vllm":
         return plan_vllm.run(args)
     plan_vllm.reject_vllm_options(args)
