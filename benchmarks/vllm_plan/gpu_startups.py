@@ -1,0 +1,201 @@
+"""Real vLLM start-ups on a GPU, for `plan --engine vllm` to be checked against (CPU test:
+tests/test_vllm_plan_gpu.py recomputes the plan from what this writes).
+
+Each setting starts `python3 -m vllm.entrypoints.openai.api_server` in its own session (setsid),
+reads its log until vLLM has sized the KV cache ("Maximum concurrency for N tokens per request")
+or the process exits (a refused start), and kills its process group: CUDA graph capture, which
+comes after the KV cache is sized, is not waited for. The served setting (s05) is started by
+gpu_bench.py through the harness's launcher, benchmarked, and recorded here the same way.
+
+    python3 benchmarks/vllm_plan/gpu_startups.py --models /tmp/vmodels --out OUT/startups.json \
+        [--only s01,s02] [--group eager|graphs] [--time-limit-s 540]
+
+The JSON (a list, rewritten atomically after every start): per setting, the flags, the card's
+total and free memory as CUDA reports them just before the start, the model's config.json and
+stored tensor bytes, the outcome (started / refused / timeout), the start-up seconds, what the log
+says (KV cache tokens, max concurrency, KV cache GiB, model loading GiB) and its key lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from harness.atomic import write_json  # noqa: E402
+from harness.memory.vllm_model import _safetensors_bytes  # noqa: E402
+from harness.serving.launcher import log_cause, parse_startup_log  # noqa: E402
+
+BF16, W4A16, GPTQ = "qwen2.5-1.5b", "qwen2.5-1.5b-w4a16", "qwen2.5-1.5b-gptq"
+SIX_GIB_SHARE = 0.043  # 6 GiB of the H200's 139.8 GiB: a small card's whole memory
+# id -> model, flags (the names of vLLM's own options), group. "graphs" settings capture CUDA
+# graphs (no --enforce-eager); s05 is served to the end (the bench step reuses it).
+SETTINGS = {  # in the order they run: the most telling first, in case time runs out
+    "s01": (BF16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 4096, "enforce_eager": True}),
+    "s07": (W4A16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 8192, "enforce_eager": True}),
+    "s04": (BF16, {"gpu_memory_utilization": 0.3, "max_model_len": 16384, "enforce_eager": True, "enable_lora": True,
+                   "max_lora_rank": 16}),
+    "s10": (BF16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 2048, "enforce_eager": True,
+                   "max_num_seqs": 16}),
+    "s09": (BF16, {"gpu_memory_utilization": 0.025, "max_model_len": 32768, "enforce_eager": True}),
+    "s02": (BF16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 32768, "enforce_eager": True}),
+    "s03": (BF16, {"gpu_memory_utilization": 0.1, "max_model_len": 8192, "enforce_eager": True, "max_num_seqs": 64}),
+    "s08": (W4A16, {"gpu_memory_utilization": 0.9, "max_model_len": 2048, "enforce_eager": True}),
+    "s06": (BF16, {"gpu_memory_utilization": 0.5, "max_model_len": 32768, "max_num_seqs": 256}),
+    "s05": (BF16, {"gpu_memory_utilization": 0.9, "max_model_len": 4096}),
+}
+SERVED = {"s05"}
+KV_SIZED = re.compile(r"Maximum concurrency for\s*[\d,]+\s*tokens per request")
+KEY_LINE = re.compile(r"(Model loading took|KV cache|Maximum concurrency|memory profiling|Memory profiling|"
+                      r"non-torch|CUDA graph|cudagraph|torch.compile|Free memory|gpu_memory_utilization|"
+                      r"Using .* backend|model runner|Error|error:|Traceback|ValueError|RuntimeError|"
+                      r"Available|vLLM API server version|max_num_batched_tokens|max_num_seqs|chunked)", re.I)
+_LOADING = re.compile(r"Model loading took\s*([\d.]+)\s*GiB")
+
+
+def flag_args(flags: dict) -> list[str]:
+    out = []
+    for name, value in flags.items():
+        opt = "--" + name.replace("_", "-")
+        if value is True:
+            out.append(opt)
+        elif value is not False:
+            out += [opt, str(value)]
+    return out
+
+
+def cuda_memory() -> tuple[int, int]:
+    """(free, total) bytes as a fresh CUDA context sees them (a subprocess: this one stays CUDA-free)."""
+    code = "import torch; f, t = torch.cuda.mem_get_info(); print(f, t)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout.split()
+    return (int(out[0]), int(out[1])) if len(out) == 2 else (0, 0)  # (0, 0): no CUDA device
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def healthy(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def start_once(sid: str, model_dir: Path, flags: dict, serve: bool, log_dir: Path, timeout_s: float) -> dict:
+    port = free_port()
+    log_path = log_dir / f"{sid}.log"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--served-model-name", model_dir.name, "--host", "127.0.0.1", "--port", str(port), *flag_args(flags)]
+    free, total = cuda_memory()
+    env = {**os.environ, "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    outcome, sized_s = "timeout", None
+    try:
+        while time.monotonic() - started < timeout_s:
+            text = log_path.read_text(errors="replace")
+            if sized_s is None and KV_SIZED.search(text):
+                sized_s = round(time.monotonic() - started, 1)
+                if not serve:
+                    outcome = "started"
+                    break
+            if serve and sized_s is not None and healthy(port):
+                outcome = "started"
+                break
+            if proc.poll() is not None:
+                outcome = "refused"
+                break
+            time.sleep(0.25)
+    finally:
+        seconds = round(time.monotonic() - started, 1)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    text = log_path.read_text(errors="replace")
+    return startup_record(sid, model_dir, flags, serve, outcome, seconds, sized_s, proc.returncode, text, free, total)
+
+
+def startup_record(sid: str, model_dir: Path, flags: dict, serve: bool, outcome: str, seconds: float,
+                   sized_s: float | None, exit_code: int | None, text: str, free: int, total: int) -> dict:
+    """One start-up as the JSON keeps it (gpu_bench.py writes its served start the same way)."""
+    info = parse_startup_log(text)
+    loading = _LOADING.search(text)
+    config = json.loads((model_dir / "config.json").read_text())
+    return {
+        "id": sid, "model": model_dir.name, "model_config": config,
+        "stored_bytes": sum(p.stat().st_size for p in model_dir.glob("*.safetensors")),
+        "stored_weights_bytes": _safetensors_bytes(model_dir),  # as the plan counts them (floats at 2 bytes)
+        "flags": flags, "argv": flag_args(flags), "served": serve,
+        "cuda_total_bytes": total, "cuda_free_bytes_before": free,
+        "outcome": outcome, "seconds": seconds, "kv_sized_s": sized_s, "exit_code": exit_code,
+        "logged": {"vllm_version": info.version, "kv_cache_tokens": info.kv_cache_tokens,
+                   "max_concurrency": info.max_concurrency, "max_concurrency_at_tokens": info.max_concurrency_at_tokens,
+                   "kv_cache_memory_gib": info.kv_cache_memory_gib,
+                   "model_loading_gib": float(loading.group(1)) if loading else None},
+        "cause": log_cause(text) if outcome != "started" else "",
+        "key_lines": [line.strip()[:400] for line in text.splitlines() if KEY_LINE.search(line)][:80],
+    }
+
+
+def append(out: Path, rec: dict) -> None:
+    records = json.loads(out.read_text()) if out.is_file() else []
+    records.append(rec)
+    write_json(out, records, indent=1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="/tmp/vmodels")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", help="comma list of setting ids")
+    parser.add_argument("--group", choices=("eager", "graphs"), help="only the eager or only the CUDA-graph settings")
+    parser.add_argument("--time-limit-s", type=float, default=540, help="start no setting after this many seconds")
+    parser.add_argument("--start-timeout-s", type=float, default=240)
+    args = parser.parse_args()
+    ids = args.only.split(",") if args.only else [i for i in SETTINGS if i not in SERVED]
+    if args.group:
+        ids = [i for i in ids if SETTINGS[i][1].get("enforce_eager", False) == (args.group == "eager")]
+    out = Path(args.out)
+    log_dir = out.parent / "startup-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    for sid in ids:
+        left = args.time_limit_s - (time.monotonic() - began)
+        if left < 45:
+            print(f"{sid}: skipped, {left:.0f} s left", flush=True)
+            continue
+        model, flags = SETTINGS[sid]
+        if model == W4A16 and (Path(args.models) / GPTQ / "config.json").is_file():
+            model = GPTQ  # the quantize chain's own output, when it ran
+        rec = start_once(sid, Path(args.models) / model, flags, sid in SERVED, log_dir,
+                         min(args.start_timeout_s, left - 5))
+        append(out, rec)
+        lg = rec["logged"]
+        print(f"{sid} {model} {' '.join(rec['argv'])}: {rec['outcome']} in {rec['seconds']} s, "
+              f"KV {lg['kv_cache_tokens']} tokens, {lg['kv_cache_memory_gib']} GiB, conc {lg['max_concurrency']}"
+              f"{'; ' + rec['cause'][:200] if rec['cause'] else ''}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The real (CUDA) vLLM on a lent GPU machine that has no package registry, and what the harness
+# measures with it (docs/gpu.md, "The GPU vLLM"). Run HERE, from the repo root:
+#   scripts/gpu/vllm.sh parts [VERSION]   build .vp/part.* (vLLM VERSION + deps-VERSION.txt, 59 MiB each)
+#                                         and .vx/ (pytest-html/-metadata, llm-compressor 0.14 wheels)
+#   scripts/gpu/vllm.sh calls [VERSION]   print the device calls to make, back to back, one per line:
+#                                         carry=<paths> | command
+# VERSION: 0.26.0 (default; the newest that pins the machine's torch 2.11.0) or 0.25.1 (the upgrade
+# rehearsal's baseline: deps-0.25.1.txt, resolved by vllm_resolve_deps.sh, not yet run there).
+# .vp/ and .vx/ must be ignored (.git/info/exclude): what is not ignored travels with every call.
+# On a GPU machine WITH a registry none of this is needed: pip install vllm==VERSION into a venv
+# whose torch it pins, then run the steps of scripts/gpu/vllm_steps.sh (skip carry/install).
+set -euo pipefail
+cmd=${1:?parts|calls}; ver=${2:-0.26.0}
+here=$(cd "$(dirname "$0")" && pwd)
+case $cmd in
+  parts)
+    for d in .vp .vx; do git check-ignore -q "$d/x" || { echo "$d is not ignored: echo /$d/ >> .git/info/exclude"; exit 2; }; done
+    bash "$here/vllm_make_parts.sh" .vp "$ver"
+    plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+    dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" -d "$@"; }
+    mkdir -p .vx/wheels .vx/lc
+    dl .vx/wheels pytest-html==4.2.0 pytest-metadata==3.1.1
+    # llm-compressor needs compressed-tensors 0.19 (vLLM 0.26 pins 0.17): its own --target dir there
+    dl .vx/lc llmcompressor==0.14.0.1 compressed-tensors==0.19.0 auto-round==0.15.1 datasets==5.2.0 multiprocess==0.70.19
+    du -sh .vp .vx ;;
+  calls)
+    n=$(ls .vp/part.* 2>/dev/null | wc -l); [ "$n" -gt 0 ] || { echo "no .vp/part.*: run '$0 parts $ver' first"; exit 2; }
+    s="bash scripts/gpu/vllm_steps.sh"
+    echo "carry=.vx,.whl | $s extras; $s families   (families.sh only if committed; .whl = bitsandbytes, ~43 MB)"
+    last=$(ls .vp/part.* | tail -1)
+    for p in .vp/part.*; do
+      if [ "$p" = "$last" ]; then echo "carry=$p,.vp/payload.sha | $s install"; else echo "carry=$p | $s carry"; fi
+    done
+    echo "carry= | GPTQ=1 $s models && $s wait-families 300"
+    echo "carry= | $s startups eager            (8 start-ups to the KV-cache line, ~40 s each)"
+    echo "carry= | $s startups graphs && $s serving bench   (s06, then A = s05 served: bench sweep)"
+    echo "carry= | $s serving gate              (A/A and A/B, 10 pairs, both policies)"
+    echo "carry= | $s suite                     (pytest suites/serving --vllm-python python3)"
+    echo "then: give the machine back; unpack each call's vres.tgz; scripts' JSON -> benchmarks/vllm_plan/measured/" ;;
+  *) echo "usage: $0 parts|calls [VERSION]"; exit 2 ;;
+esac

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The GPU vLLM steps, run ON the lent machine from the repo root, one step per device call
+# (scripts/gpu/vllm.sh prints the whole sequence; docs/gpu.md explains it):
+#   bash scripts/gpu/vllm_steps.sh STEP [ARGS]
+# Steps:
+#   extras            carried .vx/: pytest-html + pytest-metadata -> /tmp/site, llm-compressor -> /tmp/lcsite
+#   families          .whl/ (bitsandbytes) -> /tmp/site, then scripts/gpu/families.sh in the background
+#                     (setsid, from a snapshot of the tree, FAMILIES_OUT=/tmp/families-out)
+#   carry             move the carried .vp/part.* to /tmp/vparts (vllm_on_device.sh)
+#   install           carry, then join the parts and install vLLM into /tmp/vsite
+#   models            random qwen2.5-1.5b bf16 + W4A16 layout -> /tmp/vmodels (CPU, background)
+#   gptq              the quantize chain's GPTQ W4A16 of it on the GPU (llm-compressor from /tmp/lcsite)
+#   wait-families S   wait up to S seconds for /tmp/families-out/DONE, then kill what is left of it
+#   startups GROUP    gpu_startups.py --group eager|graphs
+#   serving STEPS     gpu_serving.py --steps bench,gate (server A = s05, B = s05 + --enforce-eager)
+#   suite             pytest suites/serving with the harness starting this vLLM itself (--vllm-python)
+#   pack              (every step does it) /tmp/vres -> $OUT/vres.tgz; families' tarball -> $OUT
+# Everything a step measures stays in /tmp/vres while the machine is held; $OUT gets a tarball of it.
+set -u -o pipefail
+step=${1:?STEP}; shift
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+  HARNESS_CACHE_DIR=/tmp/harness-cache VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 NCCL_NVLS_ENABLE=0 \
+  PYTHONPATH=/tmp/vsite:/tmp/site:$PWD
+R=/tmp/vres; mkdir -p $R
+OUT=${OUT:-/tmp/vout}; mkdir -p "$OUT"
+pip_target() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$@"; }
+
+pack() {
+  tar czf "$OUT/vres.tgz" -C /tmp vres 2>/dev/null
+  [ -f /tmp/families-out.tar.gz ] && cp /tmp/families-out.tar.gz "$OUT/"
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu memory: /'
+  ls -la "$OUT" | tail -n +2
+}
+
+case $step in
+  extras)
+    pip_target /tmp/site .vx/wheels/*.whl && echo "extras -> /tmp/site"
+    pip_target /tmp/lcsite .vx/lc/*.whl && echo "llm-compressor -> /tmp/lcsite"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee $R/gpu.csv
+    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a $R/gpu.csv ;;
+  families)
+    pip_target /tmp/site .whl/*.whl && echo "bitsandbytes -> /tmp/site"
+    if [ -f scripts/gpu/families.sh ]; then
+      rm -rf /tmp/fam-tree && mkdir -p /tmp/fam-tree /tmp/families-out
+      tar --exclude=./.whl --exclude=./.vx --exclude=./.vp -cf - . | tar xf - -C /tmp/fam-tree
+      (cd /tmp/fam-tree && FAMILIES_OUT=/tmp/families-out PYTHONPATH=/tmp/site:/tmp/fam-tree \
+        setsid bash scripts/gpu/families.sh > /tmp/families.log 2>&1 < /dev/null & echo $! > /tmp/families.pid)
+      echo "families.sh started (pid $(cat /tmp/families.pid))"
+    else
+      echo "no scripts/gpu/families.sh: skipped"
+    fi ;;
+  carry)
+    bash scripts/gpu/vllm_on_device.sh .vp ;;
+  install)
+    bash scripts/gpu/vllm_on_device.sh .vp install 2>&1 | tail -5 | tee $R/install.txt ;;
+  models)
+    # on the CPU, in the background (setsid: it outlives this call): bf16 and W4A16 layout
+    (PYTHONPATH=/tmp/vsite:/tmp/site:$PWD setsid python3 benchmarks/vllm_plan/gpu_models.py --out /tmp/vmodels \
+      > $R/models.txt 2>&1 < /dev/null &)
+    echo "model build started" ;;
+  gptq)
+    # waits for the CPU builds, then the quantize chain's GPTQ on the GPU; its worker needs
+    # llm-compressor's compressed-tensors (0.19), not vLLM's (0.17): /tmp/lcsite first
+    for i in $(seq 1 120); do grep -q '"model": "w4a16"' $R/models.txt 2>/dev/null && break; sleep 2; done
+    PYTHONPATH=/tmp/lcsite:/tmp/vsite:/tmp/site:$PWD timeout ${GPTQ_TIMEOUT:-150} \
+      python3 benchmarks/vllm_plan/gpu_models.py --out /tmp/vmodels --gptq >> $R/models.txt 2>&1
+    tail -n 40 /tmp/vmodels/gptq.log 2>/dev/null | grep -iE "error|took|GPTQ|saving" | tail -5
+    grep '^{' $R/models.txt ;;
+  wait-families)
+    limit=${1:-300}; t=0
+    while [ ! -f /tmp/families-out/DONE ] && [ -f /tmp/families.pid ] && [ $t -lt "$limit" ]; do sleep 5; t=$((t + 5)); done
+    if [ -f /tmp/families-out/DONE ]; then
+      echo "families done after waiting $t s"   # it packs its own tarball after DONE: let it finish
+      for i in $(seq 1 30); do kill -0 "$(cat /tmp/families.pid)" 2>/dev/null || break; sleep 1; done
+    elif [ -f /tmp/families.pid ]; then
+      echo "families not done after $t s: killing its process group"; kill -9 -- -"$(cat /tmp/families.pid)" 2>/dev/null
+    fi
+    kill -9 -- -"$(cat /tmp/families.pid 2>/dev/null)" 2>/dev/null   # nothing of it may share the GPU with vLLM
+    [ -f /tmp/families-out.tar.gz ] || { [ -d /tmp/families-out ] && tar czf /tmp/families-out.tar.gz -C /tmp families-out; }
+    tail -3 /tmp/families.log 2>/dev/null ;;
+  startups)
+    python3 benchmarks/vllm_plan/gpu_startups.py --models /tmp/vmodels --out $R/startups.json --group "${1:-eager}" \
+      --time-limit-s ${STARTUPS_LIMIT_S:-500} 2>&1 | tee -a $R/startups.txt | grep -E "^s[0-9]+ |skipped" ;;
+  serving)
+    python3 benchmarks/vllm_plan/gpu_serving.py --models /tmp/vmodels --out $R --steps "${1:-bench,gate}" \
+      --time-limit-s ${SERVING_LIMIT_S:-520} 2>&1 | tee -a $R/serving.txt | grep -E "^c=|^gate|ready|Error" ;;
+  suite)
+    start=$(date +%s)
+    timeout ${SUITE_LIMIT_S:-480} python3 -m pytest suites/serving --vllm-python "$(command -v python3)" \
+      -p no:cacheprovider -q -rA --report-dir $R/suite > $R/suite.txt 2>&1
+    echo "pytest suites/serving: exit $?, wall $(( $(date +%s) - start )) s" | tee -a $R/suite.txt
+    grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" $R/suite.txt | tail -40 ;;
+  pack) ;;
+  *) echo "unknown step $step"; exit 2 ;;
+esac
+rc=$?
+pack
+exit $rc
