@@ -40,6 +40,7 @@ def _stamp_everything(root: Path) -> None:
         for v in $VLLM_VERSIONS; do stamp "$ROOT/.venvs/vllm-$v" "$(vllm_stamp "$v")"; done
         stamp "$ROOT/.venvs/llmcompressor" "$(llmcompressor_stamp)"
         stamp "$ROOT/.venvs/scanners" "$SCANNERS_STAMP"
+        stamp "$ROOT/.venv/.smollm2" "$SMOLLM2_WHEEL"
     """
     subprocess.run(["bash", "-c", script], check=True, timeout=30)
 
