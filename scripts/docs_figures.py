@@ -110,6 +110,47 @@ def vram_training() -> str:
                                   "predicted no fit, fitted"], verdicts))
 
 
+def _held_out(s, held, run: str, gc: bool) -> list[float]:
+    return [abs(r["error"]) for r in s.rows if r["run"] == run and r["arch"] in held and r["grad_checkpointing"] is gc]
+
+
+def vram_training_inline() -> str:
+    held, s = _truth()
+    on, off, val = _held_out(s, held, "run1", True), _held_out(s, held, "run1", False), _held_out(s, held, "validation", False)
+    return (f"checkpointing on median {pct(statistics.median(on))}, worst {pct(max(on))} ({len(on)} rows); off median "
+            f"{pct(statistics.median(off))}, worst {pct(max(off))} ({len(off)} rows), and in a second run drawn after the "
+            f"estimator was fixed (`truth/validation/`) off median {pct(statistics.median(val))}, worst {pct(max(val))} "
+            f"({len(val)} more rows")
+
+
+def vram_boundary_inline() -> str:
+    _, s = _truth()
+    parts = []
+    for run, what in (("run1", "On the first run's {n} cases, where that allowance was chosen"),
+                      ("validation", "On {n} fresh cases drawn after it was fixed (`truth/validation/`, about half on "
+                                     "each side of the verdict)")):
+        b = s.boundary_of(run)
+        agree = sum(r["planner_fits"] == r["actually_fits"] for r in b)
+        missed = sum(1 for r in b if not r["planner_fits"] and r["actually_fits"])
+        parts.append(f"{what.format(n=len(b))}: {agree} agree ({agree / len(b):.0%}); predicted fits that ran out: "
+                     f"{len(s.false_fits_of(run))}; predicted no-fits that fitted: {missed}")
+    return ". ".join(parts)
+
+
+def vram_offload_inline() -> str:
+    rows = json.loads((ROOT / "suites/vram/measured/truth/offload2/offload_rows.json").read_text())["rows"]
+    bw = {r["kind"]: r for r in rows if r["kind"].startswith("bandwidth")}
+    gpu = next(r for r in rows if r["kind"] == "all_gpu")
+    off = [r for r in rows if r["kind"] == "offload"]
+    predicted = " and ".join(f"{r['predicted_decode_ms']:.0f}" for r in off)
+    measured = " and ".join(f"{r['decode_ms_per_token']:.0f}" for r in off)
+    errors = ", ".join(signed_pct(r["predicted_decode_ms"] / r["decode_ms_per_token"] - 1, 1) for r in off)
+    speeds = " and ".join(f"{r['tokens_per_s']:.2f}" for r in off)
+    return (f"{bw['bandwidth']['offload_gbps']:.1f} GB/s, {bw['bandwidth_after']['offload_gbps']:.1f} GB/s when measured "
+            f"again after the placements): {predicted} ms/token against {measured} measured ({errors}), against "
+            f"{gpu['decode_ms_per_token']:.1f} ms/token all on the GPU ({gpu['tokens_per_s']:.1f} tokens/s against {speeds})")
+
+
 def vram_offload() -> str:
     data = json.loads((ROOT / "suites/vram/measured/truth/offload2/offload_rows.json").read_text())
     rows = data["rows"]
@@ -262,6 +303,9 @@ BLOCKS = {
     "vram-matrix": vram_matrix,
     "vram-training": vram_training,
     "vram-offload": vram_offload,
+    "vram-training-inline": vram_training_inline,
+    "vram-boundary-inline": vram_boundary_inline,
+    "vram-offload-inline": vram_offload_inline,
     "vllm-plan-inline": vllm_plan_inline,
     "vllm-plan": vllm_plan,
     "quant-inline": quant_inline,

@@ -186,9 +186,9 @@ class Block:
     expect: list[str] = field(default_factory=list)
 
 
-def quick_starts() -> tuple[list[Block], dict[str, list[Block]]]:
+def quick_starts(path: Path = QUICKSTART) -> tuple[list[Block], dict[str, list[Block]]]:
     """The preamble's blocks (run before every quick start) and each `## ` section's blocks."""
-    lines = QUICKSTART.read_text(encoding="utf-8").splitlines()
+    lines = path.read_text(encoding="utf-8").splitlines()
     preamble: list[Block] = []
     sections: dict[str, list[Block]] = {}
     current = preamble
@@ -240,9 +240,13 @@ def substitute(code: str, scratch: Path, port: int) -> str:
     return code.replace("reports/quickstart", str(scratch)).replace("PORT=8000", f"PORT={port}")
 
 
-@pytest.mark.parametrize("name", EXPECTED_QUICK_STARTS)
+@pytest.mark.parametrize("name", EXPECTED_QUICK_STARTS + ["README.md: Quick starts"])
 def test_quick_start_runs_as_written(name, tmp_path):
-    blocks = SECTIONS.get(name, [])
+    if name.startswith("README.md: "):
+        blocks = quick_starts(ROOT / "README.md")[1].get(name.split(": ", 1)[1], [])
+        assert blocks, "README.md lost its quick-start example"
+    else:
+        blocks = SECTIONS.get(name, [])
     slow_ok = os.environ.get("HARNESS_DOCS_SLOW") == "1"
     run = [b for b in blocks if not b.skip and (slow_ok or not b.slow)]
     left_out = [b.skip or f"{b.slow} (set HARNESS_DOCS_SLOW=1)" for b in blocks if b not in run]
