@@ -298,6 +298,18 @@ def screenshots() -> str:
     return "\n\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------
+# reference tables generated from the code (not figures, but the same rule: docs cannot drift)
+
+
+def pytest_options() -> str:
+    from harness.settings import options
+
+    rows = [[f"`{o.flag}`" + ("" if o.switch else " VALUE"), f"`{o.env}`" if o.env else "-",
+             (o.shown or "-").replace("|", "\\|"), o.help.replace("|", "\\|")] for _, o in options()]
+    return table(["option", "environment variable", "default", "help (as `pytest --help` shows it)"], rows)
+
+
 BLOCKS = {
     "vram-matrix-inline": vram_matrix_inline,
     "vram-matrix": vram_matrix,
@@ -312,6 +324,7 @@ BLOCKS = {
     "quant": quant,
     "vram-screenshot-inline": vram_screenshot_inline,
     "screenshots": screenshots,
+    "pytest-options": pytest_options,
 }
 
 

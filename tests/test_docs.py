@@ -269,3 +269,13 @@ def test_quick_start_runs_as_written(name, tmp_path):
         for text in block.expect:
             assert text in out, f"{name!r}: expected {text!r} in the output of\n{block.code}\n--- got:\n{out[-2000:]}"
     print(f"{name}: {len(run)} block(s) in {time.monotonic() - started:.1f} s; not run: {left_out or 'none'}")
+
+
+def test_the_options_page_documents_exactly_the_options_pytest_has():
+    from harness.settings import options
+
+    text = (DOCS / "options.md").read_text(encoding="utf-8")
+    hand = text.split("## Options (pytest)", 1)[1].split("<!-- figures:begin", 1)[0]
+    documented = set(re.findall(r"^\| `(--[a-z0-9-]+)", hand, flags=re.M))
+    flags = {o.flag for _, o in options()}
+    assert documented == flags, f"docs/options.md: missing {sorted(flags - documented)}, gone {sorted(documented - flags)}"
