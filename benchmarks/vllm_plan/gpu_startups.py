@@ -49,8 +49,8 @@ SETTINGS = {  # in the order they run: the most telling first, in case time runs
                    "max_num_seqs": 16}),
     "s09": (BF16, {"gpu_memory_utilization": 0.025, "max_model_len": 32768, "enforce_eager": True}),
     "s02": (BF16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 32768, "enforce_eager": True}),
-    "s03": (BF16, {"gpu_memory_utilization": 0.1, "max_model_len": 8192, "enforce_eager": True, "max_num_seqs": 64}),
     "s08": (W4A16, {"gpu_memory_utilization": 0.9, "max_model_len": 2048, "enforce_eager": True}),
+    "s03": (BF16, {"gpu_memory_utilization": 0.1, "max_model_len": 8192, "enforce_eager": True, "max_num_seqs": 64}),
     "s06": (BF16, {"gpu_memory_utilization": 0.5, "max_model_len": 32768, "max_num_seqs": 256}),
     "s05": (BF16, {"gpu_memory_utilization": 0.9, "max_model_len": 4096}),
 }
