@@ -2,7 +2,8 @@
 report is rendered, so a report re-renders from its JSON with the current plots.
 
 Kinds: `estimate_error` (points: precision, mode, measured_bytes, predicted_bytes, error),
-`fit_map` (panels of precision x context cells, measured points), `lines` (series of x, y).
+`fit_map` (panels of precision x context cells, measured points), `lines` (series of x, y),
+`memory_picture` (cases of components, predicted and measured bytes at the peak).
 The builders below turn library results into that data.
 """
 
@@ -24,6 +25,9 @@ def draw(figure: dict[str, Any]) -> str:
         if kind == "fit_map":
             return html.section(title, plots.fit_map(data["panels"], data["budget_bytes"])
                                 + html.note(data.get("note", "")))
+        if kind == "memory_picture":
+            return html.section(title, "".join(plots.memory_picture(c["components"], title=c["title"])
+                                               for c in data["cases"]) + html.note(data.get("note", "")))
         if kind == "lines":
             series = {name: (xs, ys) for name, (xs, ys) in data["series"].items()}
             return html.section(title, plots.line_plot(series, title=title, xlabel=data.get("xlabel", ""),

@@ -74,33 +74,6 @@ def line_plot(
     return finish(fig, ax, title=title, xlabel=xlabel, ylabel=ylabel, legend=len(series) > 1)
 
 
-def scatter_plot(
-    points: dict[str, tuple[Sequence[float], Sequence[float]]],
-    *,
-    title: str,
-    xlabel: str,
-    ylabel: str,
-    diagonal: bool = False,
-    log: bool = False,
-) -> str:
-    """Scatter per group; `diagonal` draws y = x (predicted against measured)."""
-    fig, ax = new_figure((5.0, 5.0))
-    lo, hi = float("inf"), float("-inf")
-    for i, (name, (xs, ys)) in enumerate(points.items()):
-        xs, ys = list(xs), list(ys)
-        st = style(i)
-        ax.scatter(xs, ys, label=name, s=16, color=st["color"], marker=st["marker"])
-        if xs:
-            lo = min(lo, *xs, *ys)
-            hi = max(hi, *xs, *ys)
-    if diagonal and lo < hi:
-        ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle="--")
-    if log:
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-    return finish(fig, ax, title=title, xlabel=xlabel, ylabel=ylabel, legend=len(points) > 1)
-
-
 def histogram(values: Iterable[float], *, title: str, xlabel: str, bins: int = 40) -> str:
     fig, ax = new_figure((6.4, 3.2))
     ax.hist(list(values), bins=bins, color=PALETTE[0])
@@ -381,3 +354,21 @@ def categories(groups: dict[str, list[float]], *, title: str, ylabel: str, xlabe
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.set_ylim(bottom=0)
     return finish(fig, ax, title=title, xlabel=xlabel, ylabel=ylabel, legend=False)
+
+
+def memory_picture(components: list[dict], *, title: str) -> str:
+    """Where the memory goes: one row per component, the predicted bytes beside the measured ones
+    (from torch's allocator snapshot) when there are any."""
+    fig, ax = new_figure((6.4, 0.32 * len(components) + 1.2))
+    names = [c["component"] for c in components]
+    ys = list(range(len(names)))[::-1]
+    measured = [c.get("measured") for c in components]
+    both = any(m is not None for m in measured)
+    h = 0.38 if both else 0.7
+    ax.barh([y + (h / 2 if both else 0) for y in ys], [c["predicted"] / 2**30 for c in components], height=h,
+            color=PALETTE[0], label="predicted")
+    if both:
+        ax.barh([y - h / 2 for y in ys], [(m or 0) / 2**30 for m in measured], height=h, color=PALETTE[1],
+                hatch="//", label="measured (allocator snapshot)")
+    ax.set_yticks(ys, names)
+    return finish(fig, ax, title=title, xlabel="GiB at the peak", ylabel="", legend=both)

@@ -1,0 +1,153 @@
+"""Reading the issue-27 H200 run back (benchmarks/vram/families.py -> benchmarks/vram/measured-families/):
+per family, the estimator's error on inference and on training (checkpointing on and off apart),
+`plan --train`'s verdicts against real OOM under the emulated 6 GiB card, and the memory picture
+of the snapshot cases, predicted beside measured, part by part.
+
+Everything is recomputed from the committed rows with the estimator as it is now, so a change to
+the estimator shows up here without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FAMILIES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "vram" / "measured-families"
+# never used to choose a coefficient or a term (benchmarks/vram/families.py FIT_EXCLUDED)
+HELD_OUT = ("qwen3-1.7b", "phi-4-mini")
+# measured snapshot category -> the predicted picture parts it is compared with
+TRAIN_GROUPS = {"weights": ("weights", "quantization state"), "LoRA weights": ("LoRA weights",),
+                "optimizer states": ("optimizer states", "optimizer step temporaries"),
+                "logits/loss": ("logits/loss",),
+                "activations and gradients": ("activations kept for backward", "gradients")}
+TRAIN_MEASURED = {"weights": ("weights",), "LoRA weights": ("lora_weights",), "optimizer states": ("optimizer",),
+                  "logits/loss": ("logits_loss",), "activations and gradients": ("activations", "backward", "other")}
+GEN_GROUPS = {"weights": ("weights", "quantization state"), "KV cache": ("KV cache",),
+              "activations": ("activations", "attention scores"), "logits/loss": ("logits/loss",)}
+GEN_MEASURED = {"weights": ("weights",), "KV cache": ("kv_cache",), "activations": ("activations", "other", "backward"),
+                "logits/loss": ("logits_loss",)}
+
+
+def row_files(directory: Path = FAMILIES_DIR) -> list[Path]:
+    return sorted((directory / "rows").glob("*.json")) if (directory / "rows").is_dir() else []
+
+
+def load_rows(directory: Path = FAMILIES_DIR) -> dict[str, list[dict]]:
+    """{"train": [...], "infer": [...], "snapshot": [...], "failed": [...]} from the run's row files."""
+    out: dict[str, list[dict]] = {"train": [], "infer": [], "snapshot": [], "failed": []}
+    for path in row_files(directory):
+        data = json.loads(path.read_text())
+        if data.get("kind") == "infer":
+            out["infer"] += [r for r in data.get("rows", []) if not r.get("error")]
+        elif data.get("snapshot"):
+            out["snapshot"].append(data)
+            if data.get("mode") == "train":
+                out["train"].append({k: v for k, v in data.items() if k != "snapshot"})
+        elif data.get("error") or data.get("kind"):
+            out["failed"].append(data)
+        else:
+            out["train"].append(data)
+    return out
+
+
+@dataclass
+class ErrorStats:
+    n: int
+    median: float
+    worst: float
+    worst_under: float  # the most negative error (prediction below the measurement), 0 if none
+
+    @classmethod
+    def of(cls, errors: list[float]) -> "ErrorStats | None":
+        if not errors:
+            return None
+        return cls(len(errors), statistics.median(abs(e) for e in errors), max(abs(e) for e in errors),
+                   min(0.0, min(errors)))
+
+    def as_dict(self) -> dict:
+        return {"n": self.n, "median": self.median, "worst": self.worst, "worst_under": self.worst_under}
+
+
+@dataclass
+class FamilySummary:
+    inference: dict[str, ErrorStats | None] = field(default_factory=dict)  # arch -> stats
+    train_gc: dict[str, ErrorStats | None] = field(default_factory=dict)
+    train_nogc: dict[str, ErrorStats | None] = field(default_factory=dict)
+    boundary: list[dict] = field(default_factory=list)
+    pictures: list[dict] = field(default_factory=list)
+    failed: int = 0
+
+    @property
+    def agreement(self) -> float:
+        return sum(r["planner_fits"] == r["actually_fits"] for r in self.boundary) / len(self.boundary) if self.boundary else float("nan")
+
+    @property
+    def false_fits(self) -> list[dict]:
+        return [r for r in self.boundary if r["planner_fits"] and not r["actually_fits"]]
+
+
+def evaluate_families(directory: Path = FAMILIES_DIR) -> FamilySummary:
+    from .matrix import evaluate
+    from .train_matrix import evaluate_training
+
+    rows = load_rows(directory)
+    out = FamilySummary(failed=len(rows["failed"]))
+    infer = evaluate(rows["infer"]).rows if rows["infer"] else []
+    for arch in sorted({r["arch"] for r in infer}):
+        out.inference[arch] = ErrorStats.of([r["error"] for r in infer if r["arch"] == arch])
+    train = evaluate_training([r for r in rows["train"] if not r.get("error")])
+    for arch in sorted({r["arch"] for r in train.rows}):
+        for gc, target in ((True, out.train_gc), (False, out.train_nogc)):
+            target[arch] = ErrorStats.of([r["error"] for r in train.rows if r["arch"] == arch and r["grad_checkpointing"] is gc])
+    out.boundary = train.boundary
+    out.pictures = [picture_comparison(r) for r in rows["snapshot"] if (r.get("snapshot") or {}).get("peak_by_category")]
+    return out
+
+
+def picture_comparison(row: dict) -> dict[str, Any]:
+    """One snapshot case: the predicted parts and the measured categories, grouped alike."""
+    from .estimate import estimate
+    from .matrix import row_query
+    from .picture import parts
+    from .shape import model_shape
+
+    shape = model_shape(row["arch"])
+    q = row_query(dict(row, new_tokens=row.get("new_tokens") or 0))
+    est = estimate(shape, q)
+    predicted = {p.component: p.bytes for p in parts(est, shape, 0)}
+    measured = row["snapshot"]["peak_by_category"]
+    groups, mgroups = (TRAIN_GROUPS, TRAIN_MEASURED) if row.get("mode") == "train" else (GEN_GROUPS, GEN_MEASURED)
+    comparison = []
+    for name, keys in groups.items():
+        comparison.append({"component": name, "predicted": sum(predicted.get(k, 0) for k in keys),
+                           "measured": sum(measured.get(k, 0) for k in mgroups[name])})
+    return {"arch": row["arch"], "mode": row.get("mode"), "precision": row["precision"], "seq_len": row["seq_len"],
+            "batch": row["batch"], "predicted_peak": est.peak_bytes, "measured_peak": row.get("peak_bytes"),
+            "snapshot_peak": row["snapshot"]["peak_bytes"], "components": comparison,
+            "timeline": row["snapshot"].get("timeline", [])}
+
+
+def summary_lines(s: FamilySummary) -> list[str]:
+    """The must-show figures, one line each (benchmarks/vram/families_report.py prints them)."""
+    pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
+    lines = []
+    for title, table in (("inference", s.inference), ("training, checkpointing on", s.train_gc),
+                         ("training, checkpointing off", s.train_nogc)):
+        for arch, st in table.items():
+            if st:
+                held = " (held out)" if arch in HELD_OUT else ""
+                lines.append(f"{title:28s} {arch:14s}{held:11s} n={st.n:3d} median {pct(st.median):>6s} "
+                             f"worst {pct(st.worst):>6s} worst under {pct(st.worst_under):>7s}")
+    if s.boundary:
+        lines.append(f"plan --train vs real OOM under 6 GiB: {len(s.boundary)} cases, agreement {pct(s.agreement)}, "
+                     f"{len(s.false_fits)} predicted fits that ran out")
+    for p in s.pictures:
+        lines.append(f"picture {p['arch']} {p['precision']} {p['mode']} {p['seq_len']}x{p['batch']}: predicted peak "
+                     f"{p['predicted_peak'] / 2**30:.2f} GiB, measured {(p['measured_peak'] or 0) / 2**30:.2f} GiB")
+        for c in p["components"]:
+            lines.append(f"    {c['component']:28s} predicted {c['predicted'] / 2**30:6.2f} GiB  measured "
+                         f"{c['measured'] / 2**30:6.2f} GiB")
+    return lines

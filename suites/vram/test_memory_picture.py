@@ -1,0 +1,55 @@
+"""Where the memory goes, for one QLoRA step and one generation: the estimator's parts, drawn in
+the vram report; beside them the parts measured from torch's allocator snapshot of the same case
+on the H200 (benchmarks/vram/measured-families/rows/*snapshot*), when that run is committed."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.memory import families_truth as T
+from harness.memory.estimate import Query, estimate
+from harness.memory.picture import parts
+from harness.memory.shape import model_shape
+
+CASES = (("gemma-2-2b", Query("nf4-dq", "train", seq_len=1024, lora_r=8, lora_targets=("all-linear",))),
+         ("gemma-2-2b", Query("nf4-dq", "generate", seq_len=1024, new_tokens=32)))
+TRACE_AGREEMENT = 0.02  # the snapshot's replayed peak against torch's max_memory_allocated
+
+
+def _measured():
+    rows = T.load_rows()["snapshot"] if T.row_files() else []
+    return [T.picture_comparison(r) for r in rows if (r.get("snapshot") or {}).get("peak_by_category")]
+
+
+def test_memory_picture_of_a_step_and_a_generation(record):
+    measured = {(c["arch"], c["mode"]): c for c in _measured()}
+    cases = []
+    for arch, q in CASES:
+        shape = model_shape(arch)
+        est = estimate(shape, q)
+        got = measured.get((arch, q.mode))
+        if got:
+            components = [dict(c) for c in got["components"]]
+            title = (f"{arch} {q.precision} {q.mode}: predicted {got['predicted_peak'] / 2**30:.2f} GiB, "
+                     f"measured {(got['measured_peak'] or 0) / 2**30:.2f} GiB")
+        else:
+            components = [{"component": p.component, "predicted": p.bytes, "measured": None}
+                          for p in parts(est, shape, 0) if p.component != "CUDA context"]
+            title = f"{arch} {q.precision} {q.mode}: predicted {est.peak_bytes / 2**30:.2f} GiB (no measured snapshot)"
+        assert sum(c["predicted"] for c in components) > 0
+        cases.append({"title": title, "components": components})
+    record.figure("memory_picture", "Where the memory goes (one QLoRA step, one generation)",
+                  {"cases": cases, "note": "measured: live bytes per allocation stack at the step's allocated peak "
+                                           "(torch.cuda.memory._snapshot); predicted: harness estimate --explain"})
+    record(cases=len(cases), measured=len(measured))
+
+
+def test_snapshot_trace_replays_to_torchs_own_peak():
+    rows = T.load_rows()["snapshot"] if T.row_files() else []
+    if not rows:
+        pytest.skip("no snapshot rows committed yet (benchmarks/vram/measured-families/)")
+    for r in rows:
+        snap = r["snapshot"]
+        assert sum(snap["peak_by_category"].values()) == snap["peak_bytes"]
+        if r.get("peak_bytes"):
+            assert abs(snap["peak_bytes"] - r["peak_bytes"]) <= TRACE_AGREEMENT * r["peak_bytes"], r["arch"]
