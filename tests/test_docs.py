@@ -279,3 +279,14 @@ def test_the_options_page_documents_exactly_the_options_pytest_has():
     documented = set(re.findall(r"^\| `(--[a-z0-9-]+)", hand, flags=re.M))
     flags = {o.flag for _, o in options()}
     assert documented == flags, f"docs/options.md: missing {sorted(flags - documented)}, gone {sorted(documented - flags)}"
+
+
+def test_every_command_is_in_the_readme_and_the_exit_code_table():
+    from harness.__main__ import COMMANDS
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    codes = (DOCS / "exit-codes.md").read_text(encoding="utf-8").split("## Exit codes per command", 1)[1]
+    missing = [c for c in COMMANDS if not re.search(rf"`{re.escape(c)}[` ]", readme)]
+    assert not missing, f"README.md's table lacks the commands {missing}"
+    rows = set(re.findall(r"^\| `([a-z-]+)", codes, flags=re.M))
+    assert set(COMMANDS) <= rows, f"docs/exit-codes.md has no exit codes for {sorted(set(COMMANDS) - rows)}"
