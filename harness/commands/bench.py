@@ -90,9 +90,9 @@ def add_arguments(parser) -> None:
                         help="tokenizer directory (default: --model when it is a local directory; else the "
                              "server's own tokenizer through POST /tokenize, else probe requests' usage)")
     parser.add_argument("--prompt-calibration", default="auto",
-                        choices=("auto", "tokenizer", "server-tokenize", "usage-probes"),
+                        choices=("auto", "tokenizer", "server-tokenize", "server-vocab", "usage-probes"),
                         help="how prompts of --input-len tokens are built (default auto: the first that works "
-                             "of tokenizer, server-tokenize, usage-probes)")
+                             "of tokenizer, server-tokenize (one-token words, else the server's own token ids: server-vocab), usage-probes)")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
     parser.add_argument("--ramp-up", type=float, default=0.0,
                         help="closed loop: spread the first sends of the slots over this many seconds (default 0: one burst)")

@@ -6,6 +6,9 @@ Three sources, best first (`calibrate` picks one, `method` forces one):
   (workload.PromptTokenizer).
 - ``server-tokenize``: the server's ``POST /tokenize`` (vLLM). Words that are one token each are
   found by asking it, and every prompt is counted by it before it is sent: exact.
+- ``server-vocab``: the server's own token ids (token_prompts.py), for a tokenizer with too few
+  one-token English words; ``auto`` falls back to it from ``server-tokenize``. Exact for any
+  tokenizer: id prompts on completions, detokenized ids counted by /tokenize on chat.
 - ``usage-probes``: any OpenAI-compatible server. Short probe requests (``max_tokens`` 1) of known
   words give, through ``usage.prompt_tokens``, the tokens the server adds to a prompt and which
   words cost one token; prompts are then built blind from those words, and the run's usage says
@@ -31,7 +34,7 @@ from ..errors import CheckFailed, UsageError
 from .client import RequestSpec, Target
 from .workload import PromptTokenizer, Workload
 
-METHODS = ("auto", "tokenizer", "server-tokenize", "usage-probes")
+METHODS = ("auto", "tokenizer", "server-tokenize", "server-vocab", "usage-probes")
 
 # Common English words, and the words of the harness's own tiny models' corpus (which a tiny
 # tokenizer does know as whole tokens). Only those the server counts as one token are used.
@@ -67,6 +70,7 @@ class Calibration:
     specials: int = 0  # tokens the server adds to a completion prompt (a BOS, say)
     chat_overhead: int | None = None  # tokens the chat template adds around one user message
     words: list[str] = field(default_factory=list)  # " word" units of exactly one token
+    token_ids: list[int] = field(default_factory=list)  # server-vocab: the ids prompts are drawn from
     requests: int = 0  # calibration requests sent (/tokenize or probes)
     exact: bool = False  # every prompt was counted before it was sent
     note: str | None = None
@@ -85,6 +89,7 @@ class Calibration:
     def to_json(self) -> dict:
         data = asdict(self)
         data["words"] = len(self.words)
+        data["token_ids"] = len(self.token_ids)
         data["tolerance"] = self.tolerance
         return data
 
@@ -175,11 +180,13 @@ async def _one_token_words(count: Count, specials: int, candidates: list[str], w
 
 
 async def calibrate(session: aiohttp.ClientSession, target: Target, tokenizer: PromptTokenizer | None,
-                    method: str = "auto") -> Calibration:
-    """Find out how to build prompts of an exact length for this server (see the module doc)."""
+                    method: str = "auto", tokenizer_option: str = "--tokenizer DIR") -> Calibration:
+    """Find out how to build prompts of an exact length for this server (see the module doc).
+    `tokenizer_option` is what the caller's user passes to give a local tokenizer (said in errors)."""
     if method not in METHODS:
         raise UsageError(f"--prompt-calibration: {method!r} is not one of {', '.join(METHODS)}")
     chat = target.api == "chat"
+    auto = method == "auto"  # may fall back to the server's vocabulary when words do not work
     if method == "tokenizer" and tokenizer is None:
         raise UsageError("--prompt-calibration tokenizer needs --tokenizer DIR (or --model as a local directory)")
     if method == "auto":
@@ -188,14 +195,16 @@ async def calibrate(session: aiohttp.ClientSession, target: Target, tokenizer: P
         else:
             method = "server-tokenize" if await has_tokenize(session, target) else "usage-probes"
     cal = Calibration(method=method, api=target.api)
-    if method == "server-tokenize" and not await has_tokenize(session, target):
+    if method in ("server-tokenize", "server-vocab") and not await has_tokenize(session, target):
         raise CheckFailed(f"{target.base_url} has no POST /tokenize (not vLLM?): use --prompt-calibration usage-probes")
+    if method == "server-vocab":
+        return await _vocab_calibration(session, target)
     plain = (_tokenize_counter if method == "server-tokenize" else _probe_counter)(session, target, False, cal)
     if method == "tokenizer":
         cal.specials, cal.exact = tokenizer._specials, True
     elif method == "usage-probes":
         try:
-            await _measure_words(cal, plain, target)
+            await _measure_words(cal, plain, target, tokenizer_option)
         except CheckFailed as exc:
             # A server that fails every request: build word prompts anyway, so that the bench
             # records and classifies its failures; should requests succeed after all, their
@@ -203,7 +212,12 @@ async def calibrate(session: aiohttp.ClientSession, target: Target, tokenizer: P
             return Calibration(method="uncalibrated", api=target.api, words=[" " + w for w in dict.fromkeys(WORDS)],
                                requests=cal.requests, note=str(exc))
     else:
-        await _measure_words(cal, plain, target)
+        try:
+            await _measure_words(cal, plain, target, tokenizer_option)
+        except TooFewWords:
+            if not auto:
+                raise
+            return await _vocab_calibration(session, target, requests=cal.requests)
     if chat:
         chat_count = (_tokenize_counter if method == "server-tokenize" else _probe_counter)(session, target, True, cal)
         probe = cal.words[:8] if cal.words else None
@@ -218,7 +232,30 @@ async def calibrate(session: aiohttp.ClientSession, target: Target, tokenizer: P
     return cal
 
 
-async def _measure_words(cal: Calibration, plain: Count, target: Target) -> None:
+class TooFewWords(CheckFailed):
+    """The server's tokenizer has too few common English words as single tokens."""
+
+
+async def _vocab_calibration(session: aiohttp.ClientSession, target: Target, requests: int = 0) -> Calibration:
+    """server-vocab: the ids to draw prompts from, and what the server adds around them."""
+    from . import token_prompts
+
+    cal = Calibration(method="server-vocab", api=target.api, requests=requests, exact=True)
+    cal.token_ids = await token_prompts.id_pool(session, target)
+    cal.requests += 1
+    if target.api == "chat":
+        text = await token_prompts.detokenize(session, target, cal.token_ids[:8])
+        bare = await token_prompts.count_text(session, target, text)
+        cal.chat_overhead = await _tokenize_counter(session, target, True, cal)(text) - bare
+        cal.requests += 2
+    else:
+        cal.specials = await token_prompts.id_prompt_specials(session, target, cal.token_ids)
+        cal.requests += 1
+    cal.note = "prompts drawn from the server's own token ids (too few one-token English words)" if requests else None
+    return cal
+
+
+async def _measure_words(cal: Calibration, plain: Count, target: Target, option: str = "--tokenizer DIR") -> None:
     """The tokens the server adds to a prompt, and the candidate words that cost one token."""
     # A word repeated 9 times against once: 8 words' cost apart.
     for word in WORDS[:8]:
@@ -227,11 +264,11 @@ async def _measure_words(cal: Calibration, plain: Count, target: Target) -> None
             cal.specials = once - 1
             break
     else:
-        raise CheckFailed(f"{target.base_url}: no common English word counts as one token; give --tokenizer DIR")
+        raise TooFewWords(f"{target.base_url}: no common English word counts as one token; give {option}")
     cal.words = await _one_token_words(plain, cal.specials, [" " + w for w in dict.fromkeys(WORDS)])
     if len(cal.words) < 16:
-        raise CheckFailed(f"{target.base_url}: only {len(cal.words)} common words count as one token; "
-                          "give --tokenizer DIR")
+        raise TooFewWords(f"{target.base_url}: only {len(cal.words)} common words count as one token; "
+                          f"give {option}")
     cal.exact = cal.method == "server-tokenize"
 
 
@@ -248,6 +285,14 @@ async def build_specs(session: aiohttp.ClientSession, target: Target, workload: 
     rng = random.Random(workload.seed)
     if cal.method == "tokenizer":
         return _local_specs(workload, cal, tokenizer, rng)
+    if cal.method == "server-vocab":
+        from . import token_prompts
+
+        if cal.api == "chat":
+            return await token_prompts.chat_specs(session, target, cal.token_ids, cal.overhead, n, workload.output_len,
+                                                  workload.num_prompts, workload.prefix_len, workload.seed)
+        return token_prompts.completion_specs(cal.token_ids, cal.specials, n, workload.output_len,
+                                              workload.num_prompts, workload.prefix_len, workload.seed)
     prefix = [rng.choice(cal.words) for _ in range(max(0, workload.prefix_len - overhead))]
     bodies = [prefix + [rng.choice(cal.words) for _ in range(n - overhead - len(prefix))]
               for _ in range(workload.num_prompts)]
@@ -298,14 +343,15 @@ def _local_specs(workload: Workload, cal: Calibration, tokenizer: PromptTokenize
 
 
 def make_specs(target: Target, workload: Workload, tokenizer: PromptTokenizer | None = None,
-               calibration: Calibration | None = None) -> tuple[list[RequestSpec], Calibration]:
+               calibration: Calibration | None = None,
+               tokenizer_option: str = "--tokenizer DIR") -> tuple[list[RequestSpec], Calibration]:
     """Synchronous `calibrate` (unless given) + `build_specs`, for callers outside an event loop."""
     from .client import make_session
 
     async def run():
         session = make_session()
         try:
-            cal = calibration or await calibrate(session, target, tokenizer)
+            cal = calibration or await calibrate(session, target, tokenizer, tokenizer_option=tokenizer_option)
             return await build_specs(session, target, workload, cal, tokenizer), cal
         finally:
             await session.close()

@@ -75,7 +75,8 @@ class Served:
         """Prompts of exactly workload.input_len tokens as this server counts them."""
         tokenizer = PromptTokenizer(self.tokenizer_dir) if self.tokenizer_dir else None
         specs, cal = prompts.make_specs(self.target(api=workload.api), workload, tokenizer,
-                                        self._calibration.get(workload.api))
+                                        self._calibration.get(workload.api),
+                                        tokenizer_option="--model DIR (a local model directory with its tokenizer.json)")
         self._calibration[workload.api] = cal
         return specs
 
