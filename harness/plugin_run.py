@@ -124,6 +124,19 @@ def message_of(report) -> str | None:
     return None
 
 
+def record_of(report) -> dict:
+    """What the test recorded; for a failed or errored test also harness.explain's diagnosis of
+    its error text (kind, what happened, fix), when it recognises one."""
+    record = dict(getattr(report, "harness_record", {}) or {})
+    if report.failed:
+        from .explain import explain_short
+
+        note = explain_short((getattr(report, "longreprtext", "") or "")[-200000:])
+        if note:
+            record["explanation"] = note
+    return record
+
+
 class HarnessRun:
     """One run: settings, environment, results (written after each test) and the report hooks."""
 
@@ -206,7 +219,7 @@ class HarnessRun:
                 duration_s=round(report.duration, 4),
                 message=message_of(report),
                 markers=[k for k in report.keywords if k in MARKERS],
-                record=dict(getattr(report, "harness_record", {}) or {}),
+                record=record_of(report),
                 detail=(getattr(report, "longreprtext", "") or "")[-20000:] if report.failed else None,
             ))
             if report.when == "call" and getattr(report, "harness_benchmark", None):
