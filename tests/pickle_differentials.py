@@ -352,3 +352,24 @@ def prove(fixture: Fixture, python: str = sys.executable, timeout: float = 120) 
     code = f"path = {str(fixture.path)!r}\n" + LOADERS[fixture.loader]
     subprocess.run([python, "-c", code], capture_output=True, timeout=timeout, cwd=fixture.path.parent)
     return fixture.marker.exists()
+
+
+_PROVE_ALL = r"""
+import json, sys
+for path, code in json.load(sys.stdin):
+    try:
+        exec(code, {"path": path})
+    except BaseException:
+        pass
+"""
+
+
+def prove_all(fixtures: list[Fixture], python: str = sys.executable, timeout: float = 600) -> dict[str, bool]:
+    """prove() for many fixtures in one child process (one torch import): name -> payload ran."""
+    for fixture in fixtures:
+        if fixture.marker.exists():
+            fixture.marker.unlink()
+    jobs = [(str(f.path), LOADERS[f.loader]) for f in fixtures]
+    subprocess.run([python, "-c", _PROVE_ALL], input=json.dumps(jobs), capture_output=True, text=True,
+                   timeout=timeout, cwd=fixtures[0].path.parent if fixtures else None)
+    return {f.name: f.marker.exists() for f in fixtures}

@@ -24,6 +24,7 @@ after importing something, the file "cannot be verified".
 from __future__ import annotations
 
 import io
+import pickle
 import tarfile
 import warnings
 import zipfile
@@ -405,8 +406,13 @@ def _weights_only_load(path: str, legacy: bool, trainer: bool) -> str | None:
         warnings.simplefilter("ignore")
         try:
             torch.load(path, weights_only=True, map_location="meta")
-        except Exception as exc:  # noqa: BLE001 - torch's refusal, whatever its type
+        except pickle.UnpicklingError as exc:  # the weights-only unpickler's refusal
             return _weights_only_sentence(exc)
+        except Exception:  # noqa: BLE001 - a rebuild the meta device cannot do (quantized tensors)
+            try:  # storages mapped from the file, not read (zip); legacy ones under the child's limit
+                torch.load(path, weights_only=True, map_location="cpu", mmap=not legacy)
+            except Exception as exc:  # noqa: BLE001 - torch's refusal, whatever its type
+                return _weights_only_sentence(exc)
     return None
 
 
@@ -414,6 +420,9 @@ def _weights_only_sentence(exc: Exception) -> str:
     text = str(exc)
     if "WeightsUnpickler error:" in text:
         text = text.split("WeightsUnpickler error:", 1)[1]
+        if text.strip().startswith("Unsupported operand 149"):
+            return ("Unsupported operand 149 (FRAME: pickle protocol 4 or 5, which torch's weights-only unpickler "
+                    "does not read; torch.save's default protocol 2 loads)")
     elif "Cannot use ``weights_only=True``" in text:
         text = text.split(" In PyTorch", 1)[0].replace("``", "")
     return _line_text(text)
