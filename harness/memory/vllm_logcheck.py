@@ -95,3 +95,22 @@ def summary(checks: list[LogCheck]) -> dict:
         "worst_log": max(checks, key=lambda c: abs(c.error)).id,
         "starts_matched": sum(c.predicted_starts == c.logged_started for c in checks),
     }
+
+
+def check_gpu_startup(record: dict) -> LogCheck:
+    """A start-up measured on a GPU by benchmarks/vllm_plan/gpu_startups.py: the plan for its flags
+    on the card as CUDA reported it, from the model's config.json and stored tensor bytes, against
+    what vLLM logged. A refused start has 0 logged tokens."""
+    from dataclasses import replace as _replace
+
+    from .vllm_servers import gpu_query
+
+    facts = _replace(model_facts(record["model_config"]), stored_weights_bytes=record.get("stored_weights_bytes"),
+                     name=record["model"])
+    gpu = Gpu(record.get("gpu_name", "H200"), int(record["cuda_total_bytes"]),
+              tuple(record.get("compute_capability", (9, 0))), "cuda")
+    version = record["logged"].get("vllm_version") or record.get("vllm_version", "0.26.0")
+    result = plan(facts, gpu_query(facts, record["flags"], gpu, version), search=False)
+    logged = record["logged"].get("kv_cache_tokens") or 0
+    return LogCheck(record["id"], gpu.name, record["model"], version, result.settings["engine"],
+                    result.kv_cache_tokens, int(logged), result.starts, record["outcome"] == "started", result)

@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .gpus import Gpu
 from .vllm_model import ModelFacts, model_facts
-from .vllm_plan import CPU_BLOCK_SIZE, DEFAULT_VERSION, GiB, VllmPlan, capacity, kv_bytes_per_token, parse_version
+from .vllm_plan import (CPU_BLOCK_SIZE, DEFAULT_VERSION, GiB, VllmPlan, VllmQuery, capacity, kv_bytes_per_token,
+                        parse_version)
 
 
 def plan_cpu(facts: ModelFacts, *, kv_cache_space_gib: float, max_model_len: int, dtype: str = "auto",
@@ -50,16 +52,51 @@ def cpu_server_plan(model_dir: str | Path, flags: list[str], env: dict, vllm_ver
                     kv_cache_dtype=flag("--kv-cache-dtype", "auto") or "auto", vllm_version=vllm_version)
 
 
+def gpu_query(facts: ModelFacts, flags: dict, gpu: Gpu, version: str) -> VllmQuery:
+    """The plan's query for a CUDA vLLM started with these flags (vLLM's option names, as
+    `{"gpu_memory_utilization": 0.9, "max_model_len": 4096, "enforce_eager": True}`); what a flag
+    leaves out is vLLM's default (utilization 0.9, max_model_len the model's own)."""
+    known = {"max_num_seqs", "max_num_batched_tokens", "enforce_eager", "enable_lora", "max_lora_rank", "max_loras",
+             "kv_cache_dtype", "block_size"}
+    extra = {k: v for k, v in flags.items() if k in known}
+    dtype = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}.get(str(flags.get("dtype")),
+                                                                                         flags.get("dtype") or "auto")
+    return VllmQuery(gpu=gpu, gpu_memory_utilization=float(flags.get("gpu_memory_utilization", 0.9)),
+                     max_model_len=int(flags.get("max_model_len") or facts.max_len_limit or facts.max_position),
+                     dtype=dtype, vllm_version=version, **extra)
+
+
+def flags_dict(argv: list[str]) -> dict:
+    """['--max-model-len', '1024', '--enforce-eager'] -> {'max_model_len': 1024, 'enforce_eager': True}."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        name = argv[i].lstrip("-").replace("-", "_")
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value: Any = argv[i + 1]
+            for cast in (int, float):
+                try:
+                    value = cast(value)
+                    break
+                except ValueError:
+                    continue
+            out[name], i = value, i + 2
+        else:
+            out[name], i = True, i + 1
+    return out
+
+
 _CPU_SPACE = re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
 _LOGGED_TOKENS = re.compile(r"(CPU|GPU) KV cache size:\s*([\d,]+)\s*tokens")
 _LOGGED_CONC = re.compile(r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*([\d.]+)x")
 
 
-def server_kv_record(kind: str, process: Any, model_dir: str | Path, version: str | None = None) -> dict:
+def server_kv_record(kind: str, process: Any, model_dir: str | Path, version: str | None = None,
+                     gpu: Gpu | None = None) -> dict:
     """Predicted against logged KV tokens and max concurrency for a vLLM server the harness started
     (`process`: harness.serving.launcher.ServerProcess). On the CPU build the prediction is exact;
-    for a GPU build only the logged figures are kept (the card is not known here: use `plan
-    --engine vllm`)."""
+    on a CUDA build it is the plan for `gpu` (the card the server runs on, as CUDA reports it) with
+    its relative error; without `gpu` only the logged figures are kept."""
     text = process.log_text()
     tokens = _LOGGED_TOKENS.search(text)
     conc = _LOGGED_CONC.search(text)
@@ -80,6 +117,14 @@ def server_kv_record(kind: str, process: Any, model_dir: str | Path, version: st
                       predicted_max_concurrency=predicted.max_concurrency)
         record["exact"] = (record["predicted_kv_cache_tokens"] == record["logged_kv_cache_tokens"]
                            and record["predicted_max_concurrency"] == record["logged_max_concurrency"])
+    elif record["device"] == "gpu" and gpu is not None and record["logged_kv_cache_tokens"]:
+        from .vllm_plan import plan
+
+        facts = model_facts(model_dir)
+        predicted = plan(facts, gpu_query(facts, flags_dict(list(process.flags)), gpu, version), search=False)
+        record.update(gpu=gpu.name, gpu_total_bytes=gpu.total_bytes, predicted_kv_cache_tokens=predicted.kv_cache_tokens,
+                      predicted_max_concurrency=predicted.max_concurrency,
+                      error_pct=round(100 * (predicted.kv_cache_tokens / record["logged_kv_cache_tokens"] - 1), 2))
     return record
 
 

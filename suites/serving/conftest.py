@@ -85,8 +85,9 @@ class Served:
 
 
 class ServerPool:
-    def __init__(self, settings, model_dir: Path, log_dir: Path):
+    def __init__(self, settings, model_dir: Path, log_dir: Path, gpu=None):
         self.settings, self.model_dir, self.log_dir = settings, model_dir, log_dir
+        self.gpu = gpu  # harness.memory.gpus.Gpu of cuda:0, for the KV plan of a CUDA vLLM
         self._stack: contextlib.ExitStack | None = None
         self._current: Served | None = None
         self.started: list[str] = []
@@ -116,7 +117,7 @@ class ServerPool:
                                                         served_model_name=self.model_dir.name))
         self.started.append(kind)
         self._current = Served(kind, process.base_url, self.model_dir.name, self.model_dir, process)
-        record_kv_plan(self.log_dir.parent / "kv_plan.json", kind, process, self.model_dir)
+        record_kv_plan(self.log_dir.parent / "kv_plan.json", kind, process, self.model_dir, self.gpu)
         return self._current
 
     def stop(self) -> None:
@@ -139,9 +140,24 @@ def serving_dir(report_dir) -> Path:
     return path
 
 
+def cuda_card(environment):
+    """cuda:0 as CUDA reports it (torch's total, as vLLM reads it; else NVML's), or None."""
+    from harness.memory.gpus import Gpu
+
+    devices = getattr(environment.torch, "devices", None) or []
+    if devices:
+        d = devices[0]
+        return Gpu(d.name, int(d.total_memory), tuple(d.capability), "torch")
+    gpus = getattr(environment.nvml, "gpus", None) or []
+    if gpus:
+        g = gpus[0]
+        return Gpu(g.name, int(g.memory_total), tuple(g.compute_capability or (8, 0)), "nvml")
+    return None
+
+
 @pytest.fixture(scope="session")
-def server_pool(settings, serving_model_dir, serving_dir, show_progress):
-    pool = ServerPool(settings, serving_model_dir, serving_dir / "logs")
+def server_pool(settings, serving_model_dir, serving_dir, show_progress, harness_env):
+    pool = ServerPool(settings, serving_model_dir, serving_dir / "logs", cuda_card(harness_env))
     yield pool
     pool.stop()
 
@@ -187,8 +203,8 @@ def bench(show_progress, quiet):
     return run
 
 
-def record_kv_plan(path: Path, kind: str, process: ServerProcess, model_dir: Path) -> None:
+def record_kv_plan(path: Path, kind: str, process: ServerProcess, model_dir: Path, gpu=None) -> None:
     """Issue 15: every server's predicted against logged KV cache tokens and max concurrency."""
     from harness.memory.vllm_servers import append_record, server_kv_record
 
-    append_record(path, server_kv_record(kind, process, model_dir))
+    append_record(path, server_kv_record(kind, process, model_dir, gpu=gpu))

@@ -1,7 +1,8 @@
 """vLLM's KV cache as predicted (harness.memory.vllm_plan) against what the server logged.
 
 Every server the suite starts is recorded in reports/serving/kv_plan.json by the pool. On the CPU
-build vLLM sizes the cache from VLLM_CPU_KVCACHE_SPACE, so the prediction must be exact. This
+build vLLM sizes the cache from VLLM_CPU_KVCACHE_SPACE, so the prediction must be exact; on a CUDA
+build the plan for the card the server runs on must be within 3%. This
 file runs after test_1_* so the "new" server is still up: it costs no extra start.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+GPU_TOLERANCE_PCT = 3.0
 
 
 def test_kv_cache_tokens_and_max_concurrency_are_predicted_exactly(server_pool, serving_dir, record):
@@ -24,7 +27,11 @@ def test_kv_cache_tokens_and_max_concurrency_are_predicted_exactly(server_pool, 
            predicted_max_concurrency=last.get("predicted_max_concurrency"),
            logged_max_concurrency=last["logged_max_concurrency"])
     record.row("vLLM KV cache: predicted vs logged", last)
-    if last["device"] != "cpu":
-        pytest.skip(f"a {last['device']} build: the card is not known to the suite")
+    if last["device"] == "gpu":
+        if last.get("predicted_kv_cache_tokens") is None:
+            pytest.skip("a CUDA build on a card this process cannot see (no torch device, no NVML)")
+        # The plan's bar on a GPU (measured on the H200: benchmarks/vllm_plan/measured/)
+        assert abs(last["error_pct"]) <= GPU_TOLERANCE_PCT, last
+        return
     assert last["predicted_kv_cache_tokens"] == last["logged_kv_cache_tokens"], last
     assert last["predicted_max_concurrency"] == last["logged_max_concurrency"], last
