@@ -41,7 +41,7 @@ BUDGET = 6 * 2**30
 ASSUMED_CONTEXT = 640 * 2**20
 CASE_TIMEOUT_S = 150
 CASE_MIN_S = 35  # a fresh process needs ~15-25 s to import, load and step
-GPU_POOL = 120 * 2**30
+GPU_POOL = 125 * 2**30
 INFER = {"prefill_lens": (1024, 4096), "batches": (1, 2), "generate": (1024, 64)}
 T0 = time.time()
 
@@ -69,7 +69,7 @@ def snapshot_jobs(arch: str = "gemma-2-2b") -> list[dict]:
     train = TrainCase(arch, "nf4-dq", "all", 8, True, 1, 1024, "adamw_torch", role="snapshot", steps=2)
     gen = {"arch": arch, "precision": "nf4-dq", "batch": 1, "seq_len": 1024, "new_tokens": 32}
     return [{"kind": "snapshot-train", "arch": arch, "name": f"snapshot-train-{arch}", "case": asdict(train),
-             "claim": 30 * 2**30},
+             "claim": claim_bytes(train)},
             {"kind": "snapshot-generate", "arch": arch, "name": f"snapshot-generate-{arch}", "case": gen,
              "claim": 12 * 2**30}]
 
@@ -123,8 +123,8 @@ _SHAPES: dict = {}
 
 
 def claim_bytes(case: TrainCase) -> int:
-    """What a case may take of the GPU while others run: its cap, or twice its prediction (the
-    estimator is unchecked on these families; eager attention is the suspect) + 2 GiB."""
+    """What a case may take of the GPU while others run: its cap, or 1.5 x its prediction (the
+    estimator is unchecked on these families) + 1 GiB, at least 4 GiB."""
     if case.budget_bytes:
         return case.budget_bytes + 2**30
     from harness.memory.estimate import estimate
@@ -132,7 +132,7 @@ def claim_bytes(case: TrainCase) -> int:
 
     try:
         shape = _SHAPES.setdefault(case.arch, model_shape(case.arch))
-        return max(6 * 2**30, 2 * estimate(shape, case.query()).peak_bytes + 2 * 2**30)
+        return max(4 * 2**30, int(1.5 * estimate(shape, case.query()).peak_bytes) + 2**30)
     except Exception:  # noqa: BLE001
         return 24 * 2**30
 
@@ -146,7 +146,7 @@ def train_job(case: TrainCase) -> dict:
 
 def infer_job(arch: str, precision: str) -> dict:
     return {"kind": "infer", "arch": arch, "precision": precision, "name": f"infer-{arch}-{precision}",
-            "claim": 24 * 2**30}
+            "claim": 12 * 2**30}
 
 
 def all_jobs(smoke: bool = False) -> list[dict]:

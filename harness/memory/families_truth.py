@@ -32,7 +32,10 @@ GEN_MEASURED = {"weights": ("weights",), "KV cache": ("kv_cache",), "activations
 
 
 def row_files(directory: Path = FAMILIES_DIR) -> list[Path]:
-    return sorted((directory / "rows").glob("*.json")) if (directory / "rows").is_dir() else []
+    """The run's row files: DIR/rows/*.json, or DIR/<run>/rows/*.json when the packed output
+    (families-out/...) was unpacked as it is."""
+    dirs = [directory / "rows"] + sorted(directory.glob("*/rows"))
+    return sorted(p for d in dirs if d.is_dir() for p in d.glob("*.json"))
 
 
 def load_rows(directory: Path = FAMILIES_DIR) -> dict[str, list[dict]]:
@@ -41,7 +44,11 @@ def load_rows(directory: Path = FAMILIES_DIR) -> dict[str, list[dict]]:
     for path in row_files(directory):
         data = json.loads(path.read_text())
         if data.get("kind") == "infer":
-            out["infer"] += [r for r in data.get("rows", []) if not r.get("error")]
+            rows = data.get("rows")
+            if rows is None:  # the worker was killed: the rows it had written as it went
+                rows = [r for f in sorted(path.with_suffix(".d").glob("rows-*.json"))
+                        for r in json.loads(f.read_text()).get("rows", [])]
+            out["infer"] += [r for r in rows if not r.get("error") and r.get("peak_bytes")]
         elif data.get("snapshot"):
             out["snapshot"].append(data)
             if data.get("mode") == "train":

@@ -151,6 +151,7 @@ class SnapshotRecorder:
         import torch
 
         if self.device.startswith("cuda") and torch.cuda.is_available():
+            torch.cuda.init()  # the allocator must exist before its history is recorded
             torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
                                                      max_entries=self.max_entries)
             self._on = True
