@@ -118,7 +118,7 @@ _TIMEOUT = (r"Watchdog caught collective operation timeout: WorkNCCL\((?:SeqNum=
 
 def _nccl_timeout(log: Log, m: re.Match) -> Finding:
     op, timeout_ms, ran_ms = m.group(2), int(m.group(3)), int(m.group(4))
-    causes = [Cause(f"a {op} waited {ran_ms / 60000:.1f} min (timeout {timeout_ms / 60000:.0f} min): at least one "
+    causes = [Cause(f"the {op} waited {ran_ms / 60000:.1f} min (timeout {timeout_ms / 60000:.0f} min): at least one "
                     "rank never reached it", log.line_of(m)),
               Cause("that rank was busy or stuck elsewhere: uneven data (one rank gets more batches), work only rank "
                     "0 does (evaluation, saving, preprocessing), a different code path per rank, or a hung GPU",

@@ -93,13 +93,15 @@ def _others(f: dict) -> int:
 def _oom_causes(log: Log, f: dict, phase: str, evidence: str) -> tuple[list[Cause], list[str]]:
     causes, fixes = [], []
     tried, free, unalloc = f.get("tried"), f.get("free"), f.get("reserved_unallocated", 0)
-    if tried is not None and free is not None and _fragmented(f):
+    # when even a defragmented cache could not hold the request, its size is the first cause
+    too_big = tried is not None and free is not None and tried > free + unalloc
+    if tried is not None and free is not None and _fragmented(f) and not too_big:
         causes.append(Cause(
             f"fragmentation: {gib(unalloc)} is reserved by PyTorch but unallocated (in pieces too small for the "
             f"{gib(tried)} request)", evidence))
         fixes.append("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the process starts (it lets "
                      "the allocator grow segments instead of leaving unusable holes)")
-    if tried is not None and free is not None and tried > free + unalloc:
+    if too_big:
         share = (free + unalloc) / tried
         causes.append(Cause(
             f"the {phase if phase != 'unknown' else 'step'} needs more memory than the card has left: "
@@ -109,6 +111,10 @@ def _oom_causes(log: Log, f: dict, phase: str, evidence: str) -> tuple[list[Caus
                      f"to keep the effective batch) or shorten the sequence"
                      + (", turn on gradient checkpointing, or load the base in 4-bit (QLoRA)" if phase == "training"
                         else ", or load the weights at a lower precision (bf16, int8, nf4)"))
+        if _fragmented(f):
+            causes.append(Cause(f"also fragmentation: {gib(unalloc)} is reserved by PyTorch but unallocated",
+                                evidence))
+            fixes.append("also set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to cut the fragmentation")
     elif tried is not None and free is not None and free >= tried and not _fragmented(f):
         causes.append(Cause(f"the card reports {gib(free)} free yet a {gib(tried)} request failed: a memory cap "
                             f"(set_per_process_memory_fraction, MIG, WSL's shared memory) or another process "
