@@ -3,8 +3,10 @@
     python benchmarks/pickle/compare_scanners.py [--scanners-python .venvs/scanners/bin/python]
 
 Files: the rebuilt public corpora (benchmarks/pickle/corpus.py, each with its peer's own
-expectation), the hand-made evasions of issue 12 (tests/pickle_evasions.py: all malicious) and
-benign Trainer leftovers. The three peers run in their own venv (scripts/lib.sh
+expectation), the hand-made evasions of issue 12 (tests/pickle_evasions.py: all malicious), the
+parser differentials of issue 23 (tests/pickle_differentials.py, one source per class: all
+malicious, each proven to run under its loader by tests/test_pickle_differentials.py) and benign
+Trainer leftovers. The three peers run in their own venv (scripts/lib.sh
 ensure_scanners_venv) through their Python APIs, one process per tool. Writes
 reports/pickle-scanners.md and .json: malicious refused / total per tool and source, benign
 files with a safety error, errors and crashes. A peer "refuses" a file when it reports an issue
@@ -62,6 +64,9 @@ def _gather(work: Path) -> list[dict]:
     for name, directory in pickle_evasions.build_all(work / "evasions").items():
         rel = {**pickle_evasions.EVASIONS, **pickle_evasions.CRASHERS}[name][0]
         files.append({"path": str(directory / rel), "source": "issue-12 evasions", "expect": "malicious"})
+    import pickle_differentials
+    for fixture in pickle_differentials.build_all(work / "differentials", work / "markers").values():
+        files.append({"path": str(fixture.path), "source": f"issue-23 {fixture.klass}", "expect": "malicious"})
     from test_modeldir_pickle import _benign_dir
     benign = _benign_dir(work / "benign")
     for path in sorted(p for p in benign.rglob("*") if p.is_file() and p.suffix in (".bin", ".pt", ".pth")):
