@@ -1,14 +1,14 @@
 """`python -m harness <command>`: one entry per command of docs/architecture.md.
 
 Each command lives in harness/commands/<module>.py and exposes ``add_arguments(parser)`` and
-``run(args) -> int``. A command whose module does not exist yet says so and exits 2: nothing
-here pretends to work.
+``run(args) -> int``; registering a command is one line in COMMANDS.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .errors import HarnessError, one_line
@@ -36,13 +36,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _load(name: str):
-    module, _ = COMMANDS[name]
-    try:
-        return importlib.import_module(f"harness.commands.{module}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"harness.commands.{module}":
-            return None
-        raise
+    return importlib.import_module(f"harness.commands.{COMMANDS[name][0]}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,9 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (_, help_text) in COMMANDS.items():
         module = _load(name)
-        cmd = sub.add_parser(name, help=help_text, description=help_text)
-        if module is not None:
-            module.add_arguments(cmd)
+        module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     return parser
 
 
@@ -67,9 +59,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = _load(args.command)
-    if module is None:
-        print(f"harness {args.command}: not built yet", file=sys.stderr)
-        return 2
     try:
         return int(module.run(args) or 0)
     except HarnessError as exc:
@@ -78,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"harness {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `... | head`: the reader left; no traceback (the Python docs' recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

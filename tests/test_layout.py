@@ -16,7 +16,6 @@ LIBRARY = Path(harness.__file__).resolve().parent
 LEAVES = {"settings", "models", "units", "atomic", "errors", "env"}
 ENTRY_POINTS = {"commands", "plugin", "plugin_run", "plugin_xdist", "plugin_fixtures", "__main__"}
 PYTEST_AWARE = {"harness.plugin", "harness.plugin_run", "harness.plugin_xdist", "harness.plugin_fixtures"}
-ALIASES = {"nan_guard", "estimate"}  # old import paths kept as thin re-exports
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -111,7 +110,7 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
         units.setdefault(src, set())
         for target in targets:
             dst = unit(target)
-            if dst != src and dst not in LEAVES and src not in ALIASES:
+            if dst != src and dst not in LEAVES:
                 units[src].add(dst)
     return units
 
@@ -155,15 +154,6 @@ def test_every_capability_package_says_what_it_answers():
     for init in LIBRARY.glob("*/__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and len(doc.strip()) > 40, f"{init.parent.name}/__init__.py needs a docstring"
-
-
-def test_old_import_paths_still_work():
-    from harness import estimate, nan_guard
-    from harness.memory import estimate as new_estimate
-    from harness.nan import guard
-
-    assert estimate.estimate is new_estimate.estimate
-    assert nan_guard.TrainingGuard is guard.TrainingGuard
 
 
 # The checker itself must be able to fail: a package with a cycle hidden in a lazy import.

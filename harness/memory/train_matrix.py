@@ -315,12 +315,6 @@ def evaluate_training(rows: list[dict], calibration: dict | None = None) -> Trai
     return TrainingSummary(matrix, boundary)
 
 
-def case_of(row: dict) -> TrainCase:
-    return TrainCase(row["arch"], row["precision"], row["targets"], row["lora_r"], row["grad_checkpointing"],
-                     row["batch"], row["seq_len"], row["optimizer"], row.get("budget_bytes"),
-                     row.get("role", "matrix"), row.get("steps", STEPS))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.memory.train_matrix", description=__doc__.splitlines()[0])
     ap.add_argument("--case", required=True, help="the TrainCase as a JSON object")

@@ -14,7 +14,6 @@ from .safetensors_header import HeaderProblem, SafetensorsHeader, read_header
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-PICKLE_INDEX = "pytorch_model.bin.index.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json")
 

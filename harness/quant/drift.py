@@ -163,11 +163,3 @@ def model_logits(model_dir, input_ids, device: str = "cpu", dtype: str = "fp32",
             rows.append(model(chunk).logits.float().cpu())
     del model
     return torch.cat(rows)
-
-
-def compare_dirs(reference_dir, quantized_dir, input_ids, device: str = "cpu", dtype: str = "fp32",
-                 max_mean_kl: float = DEFAULT_MAX_MEAN_KL, gate: Gate | None = None) -> Drift:
-    """Drift of `quantized_dir` against `reference_dir`, both run here on the same ids."""
-    reference = model_logits(reference_dir, input_ids, device, dtype)
-    quantized = model_logits(quantized_dir, input_ids, device, dtype)
-    return drift(reference, quantized, input_ids, max_mean_kl=max_mean_kl, gate=gate)

@@ -27,8 +27,6 @@ VERDICT_STATES = {"pass": "good", "passed": "good", "ok": "good", "fit": "good",
                   "fail": "bad", "failed": "bad", "error": "bad", "oom": "bad", "regressed": "bad", "no": "bad",
                   "warn": "warn", "warning": "warn", "inconclusive": "warn", "xpassed": "warn",
                   "skip": "neutral", "skipped": "neutral", "xfailed": "neutral"}
-# Kept for callers of the earlier API (verdict words coloured in tables).
-VERDICT_COLOURS = {k: STATE_STYLE[v][0] for k, v in VERDICT_STATES.items()}
 FOLD_ROWS = 30  # tables longer than this start folded
 
 _ids = itertools.count(1)

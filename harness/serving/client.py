@@ -41,8 +41,6 @@ def client_json_parser() -> str:
 # is cached per iteration in whole milliseconds).
 _now = time.monotonic
 
-FAILURE_CLASSES = ("http_4xx", "http_5xx", "error_frame", "no_done", "no_content", "timeout", "connection")
-
 
 @dataclass
 class RequestSpec:

@@ -59,10 +59,6 @@ def fingerprint(results: dict) -> dict:
     }
 
 
-def fingerprint_hash(fp: dict) -> str:
-    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def write_atomic(path: Path, data: dict) -> None:
     """Temp file, fsync, rename (harness.atomic): a reader never sees half a file."""
     from ..atomic import write_json
