@@ -249,3 +249,14 @@ def test_host_oom_with_config_sizes_the_load():
 def test_more_library_messages(text, kind, must):
     result = explain(text)
     assert result.kind == kind and must in result.fix, result.fix
+
+
+def test_batch_in_the_log_gives_the_batch_at_which_the_request_fits():
+    log = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of "
+           "7.79 GiB of which 600.00 MiB is free. Of the allocated memory 6.5 GiB is allocated by PyTorch, and "
+           "100.00 MiB is reserved by PyTorch but unallocated.\n"
+           "python train.py --per_device_train_batch_size 8 --max_seq_length 1024\n    loss.backward()")
+    result = explain(log, config="qwen2.5-0.5b")
+    assert result.figures_from_log["batch"] == 8 and result.figures_from_log["seq_len"] == 1024
+    assert result.computed["batch_for_failed_request"] == 3  # 8 x (600 + 100) MiB / 1536 MiB = 3.6
+    assert result.computed["best"]["at_seq_len"] == 1024  # the planner plans at the log's sequence length

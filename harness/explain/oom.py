@@ -145,13 +145,47 @@ def recognise_cuda_oom(log: Log, ctx: Context) -> list[Finding]:
     if log.has(r"vllm|EngineCore|gpu_model_runner") and log.has(GRAPH_CAPTURE):
         return [_graph_capture_oom(log, evidence, f)]
     causes, fixes = _oom_causes(log, f, phase, evidence)
+    f.update(_settings_from_log(log))
     gpu = planners.gpu_for(ctx, f.get("total"))
-    computed = planners.safe(planners.transformers_plan, ctx, gpu, phase == "training")
+    computed = planners.safe(planners.transformers_plan, ctx, gpu, phase == "training", f.get("seq_len"))
+    scaled = _batch_from_log(f)
+    if scaled is not None:
+        computed = dict(computed or {}, **scaled)
+        fixes.insert(0, f"with batch {f['batch']} in the log, batch {scaled['batch_for_failed_request']} is the largest "
+                        f"at which the failed request fits (assuming it grows with the batch)")
     what = (f"CUDA ran out of memory{' during ' + phase if phase != 'unknown' else ''}"
             + (f": {gib(f['tried'])} requested with {gib(f['free'])} free of {gib(f['total'])}" if f.get("tried") else ""))
     fix = "; ".join(fixes) + "." + planners.plan_text(computed if computed and "error" not in computed else None)
     return [Finding("cuda_oom", what, causes, fix, score=70, position=m.end(),
                     figures_from_log={k: v for k, v in f.items()}, computed=computed)]
+
+
+_BATCH = r"(?:per_device_train_batch_size|micro_batch_size|train_batch_size|batch_size|BATCH_SIZE)['\"]?\s*[:=]?\s*(\d+)\b"
+_SEQ = (r"(?:cutoff_len|max_seq_length|max_seq_len|model_max_length|max_length|seq_len)['\"]?\s*[:=]?\s*"
+        r"(\d{2,6})\b")
+
+
+def _settings_from_log(log: Log) -> dict:
+    """The batch and sequence length the command or config in the log states, if it does."""
+    out = {}
+    b, q = log.search(_BATCH), log.search(_SEQ)
+    if b and int(b.group(1)) > 0:
+        out["batch"] = int(b.group(1))
+    if q and int(q.group(1)) >= 16:
+        out["seq_len"] = int(q.group(1))
+    return out
+
+
+def _batch_from_log(f: dict) -> dict | None:
+    tried, free, unalloc, batch = f.get("tried"), f.get("free"), f.get("reserved_unallocated", 0), f.get("batch")
+    if not (tried and batch and free is not None) or tried <= free + unalloc:
+        return None
+    fitting = int(batch * (free + unalloc) / tried)
+    if fitting >= batch:
+        return None
+    return {"batch_for_failed_request": max(fitting, 1) if fitting else 0,
+            "batch_source": "the log: its batch x (free + cached) / the failed request, assuming the request grows "
+                            "with the batch (a lower bound on the cut: the next allocations need room too)"}
 
 
 def _graph_capture_oom(log: Log, evidence: str, f: dict) -> Finding:

@@ -38,7 +38,7 @@ def gpu_for(ctx: Context, total_from_log: int | None = None) -> Gpu | None:
     return card_from_total(total_from_log)
 
 
-def transformers_plan(ctx: Context, gpu: Gpu | None, train: bool) -> dict[str, Any] | None:
+def transformers_plan(ctx: Context, gpu: Gpu | None, train: bool, seq_len: int | None = None) -> dict[str, Any] | None:
     """Per precision, what fits the card (needs --config and a card size)."""
     if not ctx.config or gpu is None:
         return None
@@ -48,7 +48,8 @@ def transformers_plan(ctx: Context, gpu: Gpu | None, train: bool) -> dict[str, A
     shape = model_shape(ctx.config)
     config, _ = load_config(ctx.config)
     limit = context_limit(config)
-    plans = plan(shape, gpu.total_bytes, train=train, max_seq_len=getattr(limit, "tokens", None))
+    reference = min(seq_len, limit.tokens) if seq_len and limit.tokens else (seq_len or 2048)
+    plans = plan(shape, gpu.total_bytes, train=train, max_seq_len=limit.tokens, reference_seq_len=reference)
     rows = [{"precision": p.precision, "fits": p.fits, "max_seq_len": p.max_seq_len, "max_batch": p.max_batch,
              "at_seq_len": p.reference_seq_len} for p in plans]
     fitting = [r for r in rows if r["fits"]]
