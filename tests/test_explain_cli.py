@@ -91,3 +91,19 @@ def test_a_large_log_is_read_from_its_end(tmp_path):
         handle.write(OOM + "\n")
     proc = run(str(log), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["kind"] == "cuda_oom"
+
+
+def test_no_file_and_a_terminal_on_stdin_is_bad_usage():
+    """With no FILE and stdin a terminal, explain says so instead of waiting for input forever."""
+    pty = pytest.importorskip("pty")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stdin/stdout are the pseudo-terminal
+        os.execv(sys.executable, [sys.executable, "-m", "harness", "explain"])
+    out = b""
+    try:
+        while chunk := os.read(fd, 1024):
+            out += chunk
+    except OSError:
+        pass
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 2 and b"no input" in out and b"Traceback" not in out
