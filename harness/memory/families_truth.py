@@ -45,14 +45,16 @@ def load_rows(directory: Path = FAMILIES_DIR) -> dict[str, list[dict]]:
         data = json.loads(path.read_text())
         if data.get("kind") == "infer":
             rows = data.get("rows")
+            if data.get("error"):
+                out["failed"].append(data)
             if rows is None:  # the worker was killed: the rows it had written as it went
                 rows = [r for f in sorted(path.with_suffix(".d").glob("rows-*.json"))
                         for r in json.loads(f.read_text()).get("rows", [])]
             out["infer"] += [r for r in rows if not r.get("error") and r.get("peak_bytes")]
         elif data.get("snapshot"):
             out["snapshot"].append(data)
-            if data.get("mode") == "train":
-                out["train"].append({k: v for k, v in data.items() if k != "snapshot"})
+            bare = {k: v for k, v in data.items() if k != "snapshot"}
+            out["train" if data.get("mode") == "train" else "infer"].append(bare)
         elif data.get("error") or data.get("kind"):
             out["failed"].append(data)
         else:

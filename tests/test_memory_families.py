@@ -1,0 +1,121 @@
+"""Family traits (harness.memory.families): layouts from config fields match the meta-device
+count, each trait adds what the modeling code keeps alive, unverified families say so, and the
+VERIFIED table is backed by committed GPU rows."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from harness.memory import families as F
+from harness.memory.estimate import Query, estimate
+from harness.memory.matrix import MEASURED_DIR
+from harness.memory.shape import load_config, model_shape, shape_from_config, shape_from_meta
+
+NEW = ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b")
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_config_layout_equals_the_meta_device_count(name):
+    config, _ = load_config(name)
+    fast, meta = shape_from_config(config), shape_from_meta(config)
+    assert fast.total_params == meta.total_params
+    assert fast.tied == meta.tied and fast.embedding_params == meta.embedding_params
+    assert fast.norm_params == meta.norm_params and fast.norm_tensors == meta.norm_tensors
+    assert sorted((g.kind, g.in_features, g.out_features, g.count) for g in fast.linears) == \
+        sorted((g.kind, g.in_features, g.out_features, g.count) for g in meta.linears)
+
+
+def test_traits_read_from_the_configs():
+    g2, g3, q3, llama = (model_shape(n).traits for n in ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "llama-3.2-1b"))
+    assert (g2.attention, g2.attn_softcap, g2.final_softcap, g2.norms_per_layer) == ("eager", 50.0, 30.0, 4)
+    assert g2.sliding_layers == 13  # every other of 26 layers
+    assert g3.attention == "sdpa" and g3.qk_norm and g3.sliding_layers == 22  # 5 of every 6
+    assert q3.qk_norm and not q3.final_softcap and q3.norms_per_layer == 2
+    assert llama.differs == []
+    moe = model_shape("qwen3-30b-a3b").traits
+    assert moe.experts == 128 and moe.experts_per_token == 8
+
+
+def test_fitted_families_get_no_family_terms():
+    for name in ("llama-3.2-1b", "qwen2.5-1.5b", "phi-3-mini-4k", "mistral-7b-v0.3"):
+        est = estimate(model_shape(name), Query("nf4-dq", "train", seq_len=1024, grad_checkpointing=False))
+        assert "family_terms" not in est.breakdown, name
+
+
+def _as_llama(shape):
+    """The same tensor layout without the family's traits: what the generic path gave before."""
+    return replace(shape, traits=F.traits_from_config({"model_type": "llama"}))
+
+
+def test_gemma2_softcapping_and_eager_attention_add_what_they_keep():
+    g2 = model_shape("gemma-2-2b")
+    q = Query("nf4-dq", "train", seq_len=1024, grad_checkpointing=True, lora_r=8)
+    with_traits, generic = estimate(g2, q), estimate(_as_llama(g2), q)
+    logits_copy = 1024 * g2.vocab * 4  # one fp32 logits tensor
+    # soft-capping keeps tanh's output and walks one more logits-sized temporary in backward
+    assert with_traits.breakdown["loss_logits"] - generic.breakdown["loss_logits"] == 2 * logits_copy
+    assert with_traits.peak_bytes >= generic.peak_bytes + 2 * logits_copy
+    # without checkpointing every layer keeps tanh's scores (the fp32 softmax the fit counts)
+    nogc = replace(q, grad_checkpointing=False)
+    fam = estimate(g2, nogc).breakdown["family_terms"]
+    fam2 = estimate(g2, replace(nogc, seq_len=2048)).breakdown["family_terms"]
+    scores = g2.layers * g2.heads * 1024 * 1024 * 4
+    assert fam["layer_saved"] >= scores
+    assert fam2["layer_saved"] > 3 * fam["layer_saved"]  # quadratic in the length, not linear
+
+
+def test_eager_prefill_counts_the_scores_of_one_layer():
+    g2 = model_shape("gemma-2-2b")
+    est = estimate(g2, Query("bf16", "prefill", seq_len=4096, batch=2))
+    assert est.breakdown["attention_scores"] == 2 * 8 * 4096 * 4096 * (2 + 4) + 2 * 2 * 4096 * 4096 * 2
+    assert "attention_scores" not in estimate(model_shape("qwen3-1.7b"), Query("bf16", "prefill", seq_len=4096)).breakdown
+
+
+def test_sliding_layers_decode_with_a_window_sized_cache():
+    g3 = model_shape("gemma-3-1b")  # window 512, 22 of 26 layers sliding
+    q = Query("bf16", "generate", seq_len=8192, new_tokens=64)
+    est, generic = estimate(g3, q), estimate(_as_llama(g3), q)
+    assert est.breakdown["decode_peak"] < generic.breakdown["decode_peak"]
+    assert F.decode_kv_tokens(g3.traits, 26, 512, 8256) == pytest.approx((4 * 8256 + 22 * 511) / 26)
+    assert F.decode_kv_tokens(g3.traits, 26, 512, 300) == 300  # inside the window: everything
+
+
+def test_unverified_family_says_so_and_how_it_was_computed():
+    v = estimate(model_shape("gemma-2-2b"), Query("nf4-dq", "train")).verification
+    assert v["verified"] is False and "unverified for gemma2 training" in v["note"]
+    assert "config fields" in v["path"] and "final-logit soft-capping" in v["path"]
+    ok = estimate(model_shape("qwen2.5-0.5b"), Query("bf16", "prefill")).verification
+    assert ok["verified"] is True and "note" not in ok and "qwen2.5-0.5b" in ok["measured_on"]
+    moe = estimate(model_shape("qwen3-30b-a3b"), Query("nf4-dq", "weights")).verification
+    assert moe["verified"] is False and "meta device" in moe["path"] and "experts stay unquantized" in moe["path"]
+
+
+def test_moe_experts_stay_unquantized_under_bitsandbytes():
+    moe = model_shape("qwen3-30b-a3b")
+    nf4 = estimate(moe, Query("nf4-dq", "weights")).breakdown["weights"]
+    bf16 = estimate(moe, Query("bf16", "weights")).breakdown["weights"]
+    assert nf4 > 0.9 * bf16  # 3-D expert parameters are not nn.Linear: transformers leaves them bf16
+
+
+def _archs_with_rows(pattern: str, mode: str | None) -> set[str]:
+    archs = set()
+    for path in MEASURED_DIR.glob(pattern):
+        for row in json.loads(path.read_text())["rows"]:
+            if row.get("peak_bytes") and (mode is None or row.get("mode") == mode):
+                archs.add(row["arch"])
+    return archs
+
+
+def test_the_verified_table_is_backed_by_committed_gpu_rows():
+    inference = _archs_with_rows("matrix/rows-*.json", "prefill") | _archs_with_rows("holdout/rows-*.json", "prefill")
+    training = _archs_with_rows("truth/train_rows.json", None)
+    for family, (infer_ok, train_ok) in F.VERIFIED.items():
+        archs = set(F.VERIFIED_BY[family])
+        assert all(model_shape(a).family == family for a in archs)
+        if infer_ok:
+            assert archs & inference, family
+        if train_ok:
+            assert archs & training, family
