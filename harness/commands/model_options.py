@@ -11,11 +11,9 @@ import argparse
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from ..memory.estimate import DEFAULT_NEW_TOKENS
 from ..units import comma_list, int_list, parse_bytes
 
-# generated tokens after the prompt: the library's Query default, and what the H200 matrix
-# measured generate with (harness/memory/matrix.py GENERATE)
-DEFAULT_NEW_TOKENS = 64
 DEFAULT_LORA_R = 16
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import UsageError
-from .estimate import RESERVE_FRACTION, Query, estimate
+from .estimate import DEFAULT_NEW_TOKENS, RESERVE_FRACTION, Query, estimate
 from .lora import DEFAULT_LORA_TARGETS
 from .shape import ModelShape
 from .weights import PRECISIONS, weight_bytes
@@ -202,7 +202,7 @@ UNSTATED_LIMIT = 131072  # searched up to when a config states no context limit
 
 def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=PRECISIONS,
          context_bytes: int = DEFAULT_CONTEXT_BYTES, headroom: float | None = None,
-         max_seq_len: int | None = None, reference_seq_len: int = 2048, new_tokens: int = 128,
+         max_seq_len: int | None = None, reference_seq_len: int = 2048, new_tokens: int = DEFAULT_NEW_TOKENS,
          max_batch: int = 256, lora_r: int = 16, grad_checkpointing: bool = True,
          lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS, optimizer: str = "adamw_torch",
          limit_source: str = "max_position_embeddings") -> list[PrecisionPlan]:

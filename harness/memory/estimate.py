@@ -38,6 +38,9 @@ from .weights import (ENGINES, FILE_PRECISIONS, PRECISIONS, accelerate_style_byt
                       w4a16_linear_bytes, weight_breakdown, weight_bytes)
 
 MODES = ("weights", "prefill", "generate", "train")
+# tokens generated after the prompt when a caller does not say: what the H200 matrix measured
+# generate with (matrix.GENERATE); estimate and plan use it too
+DEFAULT_NEW_TOKENS = 64
 
 
 # The allocator reserve a card must hold beyond the allocated peak (fragmentation, blocks rounded
@@ -96,7 +99,7 @@ class Query:
     mode: str
     seq_len: int = 512
     batch: int = 1
-    new_tokens: int = 64
+    new_tokens: int = DEFAULT_NEW_TOKENS
     lora_r: int = 16
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
     grad_checkpointing: bool = True
