@@ -260,3 +260,20 @@ def test_batch_in_the_log_gives_the_batch_at_which_the_request_fits():
     assert result.figures_from_log["batch"] == 8 and result.figures_from_log["seq_len"] == 1024
     assert result.computed["batch_for_failed_request"] == 3  # 8 x (600 + 100) MiB / 1536 MiB = 3.6
     assert result.computed["best"]["at_seq_len"] == 1024  # the planner plans at the log's sequence length
+
+
+@pytest.mark.parametrize("text, must", [
+    ("(EngineCore_DP0 pid=77) INFO 12-02 10:11:12 [gpu_model_runner.py:2000] Capturing CUDA graphs (mixed prefill-decode"
+     ", PIECEWISE): 45%|████▌     | 30/67\n(EngineCore_DP0 pid=77) ERROR 12-02 10:11:13 [core.py:708] "
+     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 has a total capacity of 7.75 GiB "
+     "of which 20.00 MiB is free.", "--enforce-eager"),
+    ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU has "
+     "compute capability 7.5. You can use float16 instead by explicitly setting the `dtype` flag in CLI, for example: "
+     "--dtype=half.", "--dtype half"),
+    ("INFO 12-02 10:11:12 [api_server.py:1000] vLLM API server version 0.11.0\nOSError: Can't load tokenizer for "
+     "'/models/merged'. If you were trying to load it from 'https://huggingface.co/models', make sure you don't have "
+     "a local directory with the same name.", "--tokenizer"),
+])
+def test_vllm_start_up_families(text, must):
+    result = explain(text)
+    assert result.kind == "vllm_startup" and must in result.fix, result.fix

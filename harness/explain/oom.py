@@ -142,7 +142,7 @@ def recognise_cuda_oom(log: Log, ctx: Context) -> list[Finding]:
     if f.get("tried"):
         evidence = log.evidence(r"Tried to allocate") or evidence
     phase = _phase(log)
-    if log.has(r"vllm|EngineCore|gpu_model_runner") and log.has(GRAPH_CAPTURE):
+    if log.from_vllm() and log.has(GRAPH_CAPTURE):
         return [_graph_capture_oom(log, evidence, f)]
     causes, fixes = _oom_causes(log, f, phase, evidence)
     f.update(_settings_from_log(log))

@@ -56,10 +56,15 @@ class Log:
     """The normalised text, with helpers that return the evidence line of a match."""
 
     text: str
+    raw: str = ""  # before normalising: the stripped prefixes still say who wrote a line (vLLM's EngineCore)
 
     @classmethod
     def of(cls, raw: str) -> "Log":
-        return cls(normalise(raw))
+        return cls(normalise(raw), raw)
+
+    def from_vllm(self) -> bool:
+        return re.search(r"vllm|EngineCore|gpu_model_runner|VllmWorker|LLM engine", self.raw or self.text,
+                         re.IGNORECASE) is not None
 
     def search(self, pattern: str | re.Pattern, flags: int = re.IGNORECASE) -> re.Match | None:
         """The last match: in a log, the failure is nearer the end than its echoes in a banner."""

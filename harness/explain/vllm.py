@@ -216,7 +216,7 @@ def recognise_quantization(log: Log, ctx: Context) -> list[Finding]:
 
 def _transformers_only(log: Log) -> bool:
     """A load through transformers alone (no vLLM in sight): then it is the directory's problem."""
-    return log.has(r"from_pretrained|AutoTokenizer|AutoModel") and not log.has(r"vllm|EngineCore|LLM engine")
+    return log.has(r"from_pretrained|AutoTokenizer|AutoModel") and not log.from_vllm()
 
 
 def recognise_misc(log: Log, ctx: Context) -> list[Finding]:
