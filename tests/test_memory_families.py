@@ -119,3 +119,16 @@ def test_the_verified_table_is_backed_by_committed_gpu_rows():
             assert archs & inference, family
         if train_ok:
             assert archs & training, family
+
+
+def test_moe_offload_plan_says_whole_layers_cross_the_bus(capsys):
+    from harness.__main__ import main
+
+    assert main(["plan", "--config", "qwen3-30b-a3b", "--budget", "8GiB", "--offload", "--precision", "bf16",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plans"][0]["fits"] is False
+    off = out["offload"]
+    assert "8 of 128 experts" in off["moe_note"] and off["bytes_on_gpu"] < 8 * 2**30
+    # every offloaded byte is copied per token, experts included
+    assert off["bytes_on_cpu"] + off["bytes_on_disk"] > 40 * 2**30

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             out.update(lora_r=opts.lora_r, lora_targets=list(targets), optimizer=opts.optimizer,
                        grad_checkpointing=opts.grad_checkpointing, lora_note=note)
         if offload is not None:
-            out["offload"] = offload.as_dict()
+            out["offload"] = offload.as_dict() | ({"moe_note": _moe_note(shape)} if _moe_note(shape) else {})
         print(json.dumps(out, indent=1))
         return 0
     if note:
@@ -126,7 +126,19 @@ def run(args: argparse.Namespace) -> int:
     _print_advice(plans, advice)
     if offload is not None:
         print_offload(offload)
+        if _moe_note(shape):
+            print(f"  {_moe_note(shape)}")
     return 0
+
+
+def _moe_note(shape) -> str | None:
+    """MoE under accelerate's offload: the hooks move a whole layer, every expert of it."""
+    t = shape.traits
+    if t is None or not t.experts:
+        return None
+    return (f"MoE: a token uses {t.experts_per_token} of {t.experts} experts per layer, but accelerate's offload "
+            f"hooks copy the whole layer (transformers keeps the experts as one 3-D tensor each), so every "
+            f"offloaded expert crosses the bus for every token; bitsandbytes leaves the experts unquantized")
 
 
 def _train_advice(shape, plans, opts: SharedOptions, budget: int, context: int, headroom: float, seq: int,
