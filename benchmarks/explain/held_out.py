@@ -2,7 +2,7 @@
 
 tests/data/explain/held_out.json holds error texts users posted in public issue threads, split
 off by URL hash (sha256(url) % 3 == 0) before any recogniser was written, and never used to tune
-one. For each: is it recognised, is the kind the thread's, and does the fix name what the thread
+one; held_out_2.json was collected after the recognisers were written and changed none. For each: is it recognised, is the kind the thread's, and does the fix name what the thread
 established (one of the case's `fix_must` words; cases whose thread established no fix count as
 n/a). Also runs the training set for comparison.
 
@@ -57,7 +57,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "reports" / "explain_held_out.json"))
     args = parser.parse_args(argv)
     out = {}
-    for name in ("held_out", "real_messages"):
+    for name in ("held_out", "held_out_2", "real_messages"):
+        if not (DATA / f"{name}.json").is_file():
+            continue
         cases = json.loads((DATA / f"{name}.json").read_text())["cases"]
         rows = [score(c) for c in cases]
         out[name] = {"summary": summary(rows), "cases": rows}
