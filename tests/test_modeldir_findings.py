@@ -209,6 +209,7 @@ CASES = [
     ("safetensors.html_page", "good", lambda d: (d / "model.safetensors").write_text("<html><body>403</body></html>")),
     ("safetensors.truncated", "sharded", lambda d: _first_shard(d).write_bytes(_first_shard(d).read_bytes()[:-1000])),
     ("arch.unknown", "good", _config(model_type="not-a-model")),
+    ("config.rejected", "good", _config(layer_types=["full_attention"] * 7)),
     ("arch.missing_tensor", "good", _tensors(lambda t: t.pop(Q))),
     ("arch.unexpected_tensor", "good", _tensors(lambda t: t.__setitem__("model.extra.weight", torch.zeros(2)))),
     ("arch.shape_mismatch", "good", _config(intermediate_size=1024)),
@@ -234,6 +235,9 @@ CASES = [
     ("safety.pickle_refused", "good", _refused_global),
     ("safety.archive_invalid", "good", _damaged_archive),
     ("safety.archive_unscanned", "good", _seven_zip),
+    # 'G' is BINFLOAT to the unpickler: a pickle that begins with GGUF's magic (issue 23)
+    ("safety.unverifiable", "good", lambda d: (d / "weights.gguf").write_bytes(
+        b"GGUF\x03\x00\x00\x00\x000cos\nsystem\n(S'touch " + str(d / "pwned").encode() + b"'\ntR.")),
     ("safety.pickle_unreadable", "good", _bad_pickle),
     ("safety.remote_code", "good", _remote),
     ("safety.python_file", "good", lambda d: (d / "convert.py").write_text("print('hi')\n")),

@@ -52,8 +52,8 @@ class DirView:
         if not os.path.lexists(raw):
             raise UsageError(f"{raw}: no such directory")
         if not raw.is_dir():
-            kind = "a file" if raw.is_file() else "not a directory"
-            raise UsageError(f"{raw}: {kind}, not a model directory: give the folder that holds config.json")
+            kind = "a file, not a directory" if raw.is_file() else "not a directory"
+            raise UsageError(f"{raw}: {kind}: give the model folder (the one that holds config.json)")
         try:
             names = os.listdir(raw)
         except PermissionError:
