@@ -127,8 +127,6 @@ def run_case(case: TrainCase, model_dir: str | Path, device: str = "cuda:0") -> 
     import torch
 
     from ..models import load_model
-    from .lora import resolve_lora_targets
-    from .shape import model_shape
     from .measure import MemoryTracker, cuda_context_bytes
 
     cuda = device.startswith("cuda")
@@ -151,29 +149,7 @@ def run_case(case: TrainCase, model_dir: str | Path, device: str = "cuda:0") -> 
         if cuda:
             row["loaded_bytes"] = int(torch.cuda.memory_allocated(torch.device(device)))
         run.phase = "prepare"
-        quantized = case.precision not in ("bf16", "fp16", "fp32")
-        if quantized:
-            from peft import prepare_model_for_kbit_training
-
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=case.grad_checkpointing)
-        elif case.grad_checkpointing:
-            model.gradient_checkpointing_enable()
-            model.enable_input_require_grads()
-        model.config.use_cache = False
-        from peft import LoraConfig, get_peft_model
-
-        targets = FAMILY_TARGET_SETS[case.targets]
-        cfg = LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=0.05,
-                         target_modules=targets[0] if targets == ("all-linear",) else list(targets),
-                         task_type="CAUSAL_LM")
-        model = get_peft_model(model, cfg)
-        model.train()
-        trainable, _ = model.get_nb_trainable_parameters()
-        wrapped = sorted({name.rsplit(".", 1)[-1] for name, mod in model.named_modules()
-                          if hasattr(mod, "lora_A") and len(getattr(mod, "lora_A", {})) > 0})
-        n_wrapped = sum(1 for _, mod in model.named_modules()
-                        if hasattr(mod, "lora_A") and len(getattr(mod, "lora_A", {})) > 0)
-        row.update(lora_params_measured=int(trainable), lora_modules_measured=n_wrapped, lora_wrapped=wrapped)
+        model = _with_lora(model, case, row)
         opt = make_optimizer(case.optimizer, [p for p in model.parameters() if p.requires_grad])
         g = torch.Generator(device="cpu").manual_seed(case.seq_len * 10 + case.batch)
         vocab = model.config.vocab_size if hasattr(model.config, "vocab_size") else model.get_input_embeddings().num_embeddings
@@ -207,14 +183,47 @@ def run_case(case: TrainCase, model_dir: str | Path, device: str = "cuda:0") -> 
     row.update(oom=run.oom, oom_phase=run.oom_phase, seconds=round(time.perf_counter() - t0, 3))
     if run.oom:  # a peak measured up to the OOM is not the case's peak
         row["peak_bytes"] = None
-    try:
-        shape = model_shape(case.arch)
-        t = resolve_lora_targets(shape, FAMILY_TARGET_SETS[case.targets])
-        row.update(predicted_bytes=predicted_bytes(case), lora_modules_predicted=t.modules,
-                   lora_unmatched_targets=list(t.unmatched))
-    except Exception as exc:  # noqa: BLE001 - the measurement matters more than the prediction
-        row["predict_error"] = str(exc)[:200]
+    row.update(_prediction(case))
     return row
+
+
+def _with_lora(model, case: TrainCase, row: dict):
+    """The model as users train it: prepared for k-bit training (quantized) or checkpointing,
+    LoRA-wrapped by peft; what peft wrapped goes into `row`."""
+    if case.precision not in ("bf16", "fp16", "fp32"):
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=case.grad_checkpointing)
+    elif case.grad_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.enable_input_require_grads()
+    model.config.use_cache = False
+    from peft import LoraConfig, get_peft_model
+
+    targets = FAMILY_TARGET_SETS[case.targets]
+    cfg = LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=0.05,
+                     target_modules=targets[0] if targets == ("all-linear",) else list(targets),
+                     task_type="CAUSAL_LM")
+    model = get_peft_model(model, cfg)
+    model.train()
+    trainable, _ = model.get_nb_trainable_parameters()
+    lora = [name for name, mod in model.named_modules() if len(getattr(mod, "lora_A", {}) or {}) > 0]
+    row.update(lora_params_measured=int(trainable), lora_modules_measured=len(lora),
+               lora_wrapped=sorted({name.rsplit(".", 1)[-1] for name in lora}))
+    return model
+
+
+def _prediction(case: TrainCase) -> dict:
+    """What the estimator predicts for `case`, or why it could not."""
+    from .lora import resolve_lora_targets
+    from .shape import model_shape
+
+    try:
+        t = resolve_lora_targets(model_shape(case.arch), FAMILY_TARGET_SETS[case.targets])
+        return dict(predicted_bytes=predicted_bytes(case), lora_modules_predicted=t.modules,
+                    lora_unmatched_targets=list(t.unmatched))
+    except Exception as exc:  # noqa: BLE001 - the measurement matters more than the prediction
+        return {"predict_error": str(exc)[:200]}
 
 
 def environment(device: str = "cuda:0") -> dict:

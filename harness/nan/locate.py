@@ -182,6 +182,19 @@ def count_targets(labels, ignore_index: int = IGNORE_INDEX, shift: bool = True):
     return (targets != ignore_index).sum(dim=1)
 
 
+def _loss_note(labels, ignore_index: int) -> str:
+    """Why a non-finite loss can be a mean over nothing: a batch or samples left without a target."""
+    import torch
+
+    if not (torch.is_tensor(labels) and labels.dim() == 2):
+        return ""
+    targets = count_targets(labels, ignore_index)
+    if int(targets.sum()) == 0:
+        return "no target token in the batch after the label shift (mean over zero tokens)"
+    empty = [i for i, n in enumerate(targets.tolist()) if n == 0]
+    return f"samples without a target after the shift: {empty}" if empty else ""
+
+
 def first_nonfinite(model, batch: dict, *, backward: bool | None = None,
                     ignore_index: int = IGNORE_INDEX) -> NonFinite | None:
     """Run ``model(**batch)`` (and backward when the batch has labels) and return where the first
@@ -244,16 +257,8 @@ def first_nonfinite(model, batch: dict, *, backward: bool | None = None,
                 return None
             stats = tensor_stats(loss)
             if stats:
-                note = ""
-                labels = batch["labels"]
-                if torch.is_tensor(labels) and labels.dim() == 2:
-                    targets = count_targets(labels, ignore_index)
-                    empty = [i for i, n in enumerate(targets.tolist()) if n == 0]
-                    if int(targets.sum()) == 0:
-                        note = "no target token in the batch after the label shift (mean over zero tokens)"
-                    elif empty:
-                        note = f"samples without a target after the shift: {empty}"
-                return NonFinite(phase="loss", module="", tensor="loss", note=note, **stats)
+                return NonFinite(phase="loss", module="", tensor="loss",
+                                 note=_loss_note(batch["labels"], ignore_index), **stats)
             if not run_backward or not params or not loss.requires_grad:
                 return None
             state["phase"] = "backward"
