@@ -249,7 +249,7 @@ def diagnose_torch_cuda(env: Environment) -> str:
     """Why torch cannot use a GPU that the driver shows, and what to do about it."""
     t, n = env.torch, env.nvml
     if t.version is None:
-        return f"{t.init_error}; install torch first (see README)"
+        return f"{t.init_error}; install torch first (see docs/setup.md)"
     if t.cpu_only_build:
         return (f"torch {t.version} is a CPU-only build but an NVIDIA driver is installed: "
                 f"reinstall torch with CUDA (pip install torch --index-url https://download.pytorch.org/whl/cu130, "

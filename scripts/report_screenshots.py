@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's screenshots: the browser tests' first screens (reports/screenshots/*.png) scaled
+"""The docs' screenshots (docs/reports.md): the browser tests' first screens (reports/screenshots/*.png) scaled
 to 800 px and reduced to a 128-colour palette, written to docs/screenshots/.
 
     .venv/bin/python -m pytest tests/test_report_browser.py && .venv/bin/python scripts/report_screenshots.py

@@ -124,7 +124,7 @@ def check_torch_build(torch_version: str | None, torch_cuda: str | None, driver_
     expectation = "a CUDA build of torch whose torch.cuda.is_available() is True"
     if torch_version is None:
         return CheckResult(name, "fail", init_error or "torch is not installed", expectation,
-                           "install torch for your driver (see README)")
+                           "install torch for your driver (see docs/setup.md)")
     if torch_cuda is None:
         value = f"torch {torch_version} is a CPU-only build"
         if not driver_present:

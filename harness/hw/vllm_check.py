@@ -62,11 +62,11 @@ def check_vllm_import(python: str | None, timeout: float = 180) -> CheckResult:
         elif "undefined symbol" in proc.stderr:
             fix = "vLLM's native extension was built for another torch: reinstall vLLM with the torch it pins"
         elif "No module named 'vllm'" in error:
-            fix = f"vLLM is not installed in {python}: install it into that venv (see README)"
+            fix = f"vLLM is not installed in {python}: install it into that venv (see docs/setup.md)"
         elif "torchvision" in error or "operator torchvision" in error:
             fix = "a PyPI torchvision beside vLLM's torch: pip uninstall -y torchvision torchaudio torchcodec"
         else:
-            fix = "reinstall vLLM in its own venv (see README), then re-run"
+            fix = "reinstall vLLM in its own venv (see docs/setup.md), then re-run"
         return CheckResult(check, "fail", f"{python}: {error}", exp, fix, {"stderr_tail": lines[-10:]})
     try:
         info = json.loads(proc.stdout.strip().splitlines()[-1])

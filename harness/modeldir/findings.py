@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 ERROR = "error"
 WARNING = "warning"
 
-# code -> (default severity, what it means). The README's table is generated from this.
+# code -> (default severity, what it means). docs/modeldir.md's table is generated from this.
 CODES: dict[str, tuple[str, str]] = {
     # completeness
     "config.missing": (ERROR, "no config.json"),
