@@ -23,7 +23,8 @@ def draw(figure: dict[str, Any]) -> str:
             svg = plots.estimate_error(data["points"], data.get("tolerance"))
             return html.section(title, svg + html.note(data.get("note", "")))
         if kind == "fit_map":
-            return html.section(title, plots.fit_map(data["panels"], data["budget_bytes"])
+            return html.section(title, plots.fit_map(data["panels"], data["budget_bytes"],
+                                                     data.get("xlabel", "context, tokens (prefill, batch 1)"))
                                 + html.note(data.get("note", "")))
         if kind == "memory_picture":
             return html.section(title, "".join(plots.memory_picture(c["components"], title=c["title"])
@@ -96,3 +97,31 @@ def fit_map_data(rows: list[dict], budget_bytes: int, context_bytes: int, headro
                                                    else ", compared with the budget") + ".")
     return {"budget_bytes": budget_bytes, "context_bytes": context_bytes, "headroom": headroom, "panels": panels,
             "focus": focus, "note": note}
+
+
+TRAIN_CONTEXTS = [256, 512, 1024, 2048, 4096, 8192]
+
+
+def train_fit_map_data(models: list[str], budget_bytes: int, context_bytes: int, headroom: float,
+                       precisions=("bf16", "nf4-dq"), contexts: list[int] | None = None) -> dict[str, Any]:
+    """The fit map of LoRA (bf16) and QLoRA (nf4-dq) training as users start it: rank 16 on every
+    attention and MLP projection, gradient checkpointing, AdamW, batch 1; a cell fits when
+    `plan --train` would say so (the planned bytes, fragmentation room included, plus the
+    training reserve after the CUDA context)."""
+    from ..memory.budget import fits
+    from ..memory.estimate import Query, estimate
+    from ..memory.shape import model_shape
+
+    contexts = contexts or TRAIN_CONTEXTS
+    panels = []
+    for model in models:
+        shape = model_shape(model)
+        cells = [[{"predicted_bytes": int(e.planned_bytes), "fits": fits(e.planned_bytes, budget_bytes, context_bytes, headroom)}
+                  for e in (estimate(shape, Query(p, "train", seq_len=c, batch=1)) for c in contexts)] for p in precisions]
+        panels.append({"model": str(model), "precisions": list(precisions), "contexts": contexts, "cells": cells,
+                       "measured": []})
+    note = (f"Budget {budget_bytes / 2**30:g} GiB, {context_bytes / 2**20:.0f} MiB of it CUDA context, "
+            f"{100 * headroom:g} % training reserve; LoRA/QLoRA r16 on all projections, checkpointing, AdamW, batch 1.")
+    return {"budget_bytes": budget_bytes, "context_bytes": context_bytes, "headroom": headroom, "panels": panels,
+            "focus": None, "note": note, "xlabel": "context, tokens (LoRA / QLoRA training, batch 1)",
+            "what": "longest LoRA/QLoRA training context, batch 1"}

@@ -140,7 +140,7 @@ def estimate_error(points: list[dict], tolerance: float | None = None) -> str:
     return svg(fig)
 
 
-def fit_map(panels: list[dict], budget_bytes: int) -> str:
+def fit_map(panels: list[dict], budget_bytes: int, xlabel: str = "context, tokens (prefill, batch 1)") -> str:
     """Per model: precision (rows) x context (columns), cell = fits / does not fit at the budget
     with the predicted peak in GiB; measured cases drawn on top (● ran, ✗ out of memory)."""
     n = len(panels)
@@ -172,7 +172,7 @@ def fit_map(panels: list[dict], budget_bytes: int) -> str:
         ax.set_xticks(range(len(contexts)), [_tokens(c) for c in contexts], fontsize=7)
         ax.set_yticks(range(len(precisions)), precisions, fontsize=7)
         ax.set_title(panel["model"], fontsize=9)
-        ax.set_xlabel("context, tokens (prefill, batch 1)", fontsize=7)
+        ax.set_xlabel(xlabel, fontsize=7)
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 

@@ -148,9 +148,8 @@ def vram(results: dict, tests: list[dict]) -> list[Verdict]:
         answer = "Off: see failures" if failures else "Within tolerance"
         out.append(Verdict(QUESTIONS["vram"], answer, state, lines))
     for fig in results.get("figures", []):
-        if fig.get("kind") == "fit_map":
+        if fig.get("kind") == "fit_map":  # prefill, and training when the suite drew its map too
             out.append(fit(fig["data"]))
-            break
     if not out:
         out.append(generic("vram", tests))
     return out
@@ -176,7 +175,7 @@ def fit(data: dict) -> Verdict:
     else:
         answer = f"{fitting} of {len(panels)} models fit"
     state = "good" if fitting == len(panels) else "warn" if fitting else "bad"
-    return Verdict(f"Will it fit in {budget}? (longest prefill context, batch 1)", answer, state, lines)
+    return Verdict(f"Will it fit in {budget}? ({data.get('what', 'longest prefill context, batch 1')})", answer, state, lines)
 
 
 def nan(results: dict, tests: list[dict]) -> Verdict:
