@@ -33,6 +33,9 @@ PEFT = fr(("peft/tuners/lora/layer.py", 120, "update_layer"), ("peft/mapping.py"
 def test_categories_follow_the_stack():
     assert category([], CAUSAL) == "backward"  # autograd's device thread has no Python stack
     assert category(LOAD, CAUSAL) == "weights"
+    loader_thread = fr(("transformers/core_model_loading.py", 1465, "_materialize_copy"),
+                       ("transformers/core_model_loading.py", 1486, "_job"))
+    assert category(loader_thread, CAUSAL) == "weights"
     assert category(PEFT, CAUSAL) == "lora_weights"
     assert category(OPT, CAUSAL) == "optimizer"
     assert category(LM_HEAD, CAUSAL) == "logits_loss"

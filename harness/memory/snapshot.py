@@ -14,8 +14,9 @@ How an allocation is named (first rule that matches; frames are innermost first)
 - no Python frames, or torch/autograd frames: the backward pass (gradients and their
   temporaries: CUDA backward runs on autograd's device thread, which has no Python stack);
 - torch/optim or bitsandbytes/optim: optimizer states (and the step's temporaries);
-- a get_peft_model frame: LoRA weights; prepare_model_for_kbit_training / from_pretrained: weights
-  (quantization state included: bitsandbytes allocates packed weights and absmax together);
+- a get_peft_model frame: LoRA weights; prepare_model_for_kbit_training / from_pretrained /
+  transformers' core_model_loading (its loader threads): weights (quantization state included:
+  bitsandbytes allocates packed weights and absmax together);
 - transformers' loss_utils, or an innermost modeling frame on the CausalLM forward's own lines
   (lm_head, the fp32 upcast, final-logit soft-capping), or generation/utils.py: logits / loss;
 - transformers' cache_utils.py: the KV cache;
@@ -73,7 +74,9 @@ def category(frames: list[dict], ranges: Iterable[LineRange] = ()) -> str:
         return "optimizer"
     if "get_peft_model" in names:
         return "lora_weights"
-    if names & {"prepare_model_for_kbit_training", "from_pretrained", "load_model"}:
+    # transformers 5 materialises unquantized checkpoints in a thread pool (core_model_loading.py):
+    # those allocations carry no from_pretrained frame
+    if names & {"prepare_model_for_kbit_training", "from_pretrained", "load_model"} or _has(frames, "core_model_loading.py"):
         return "weights"
     inner = next((f for f in frames if "modeling_" in str(f.get("filename", ""))), None)
     if _has(frames, "loss_utils.py") or (inner is not None and any(r.holds(inner) for r in ranges)):
