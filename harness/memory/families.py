@@ -174,11 +174,14 @@ def train_terms(shape, traits: FamilyTraits | None, q, act: int, logit_bytes: in
     if traits.attention == "eager":
         saved = eager_saved_bytes_per_score(traits, act)
         repeat = 2 * (shape.heads - shape.kv_heads) * shape.head_dim * tok * act
-        if covered_scores:  # the math kernel's probabilities and repeated K/V are in the fit already
-            saved, repeat = saved - 4, 0
-        out["layer_saved"] += layers * (sc * saved + repeat)
         grads = 2 * 4  # backward through softmax: the fp32 grad of its output and of its input
-        out["layer_transient"] += sc * (saved + grads) - (int(4.25 * 4 * sc) if covered_scores else 0)
+        if covered_scores:  # the math kernel's probabilities and repeated K/V are in the fit already:
+            # one fp32 block per layer saved, ~4.25 blocks in the recomputed layer (CALIBRATION)
+            out["layer_saved"] += layers * sc * (saved - 4)
+            out["layer_transient"] += sc * (saved + grads) - int(4.25 * 4 * sc)
+        else:
+            out["layer_saved"] += layers * (sc * saved + repeat)
+            out["layer_transient"] += sc * (saved + grads)
         masks = 2 if traits.sliding_layers else 1
         out["step"] += masks * q.batch * q.seq_len * q.seq_len * act
     if traits.final_softcap:
