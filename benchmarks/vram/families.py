@@ -220,13 +220,17 @@ def save_models(archs, root: Path, device: str, deadline: float, log_dir: Path |
         log_path = root.parent / f"save-{arch}.log" if log_dir is None else log_dir / f"save-{arch}.log"
         procs[arch] = subprocess.Popen([sys.executable, "-c", code], env=py_env(), stdout=subprocess.DEVNULL,
                                        stderr=open(log_path, "w"))
+    failed = set()
     for arch, proc in procs.items():
         try:
             proc.wait(timeout=max(5, deadline - time.time()))
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        if proc.returncode != 0:  # a save cut short leaves a config.json beside partial weights
+            failed.add(arch)
         log(f"saved {arch}: exit {proc.returncode}")
-    return {a: root / a for a in archs if (root / a / "config.json").exists()}
+    return {a: root / a for a in archs if a not in failed and (root / a / "config.json").exists()}
 
 
 def run_jobs(jobs: list[dict], model_dirs: dict, out_dir: Path, device: str, deadline: float, slots: int) -> dict:
