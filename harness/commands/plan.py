@@ -55,7 +55,7 @@ def _offload(args, opts: SharedOptions, headroom, precisions):
 def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
 
-    configs = list(args.config)
+    configs = list(args.config or [None])  # None: plan_vllm / reject_vllm_options name what is missing
     if len(configs) > 2:
         raise UsageError(f"--config: given {len(configs)} times; plan takes one model, or two sharing a card")
     if len(configs) == 2:

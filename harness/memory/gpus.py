@@ -118,7 +118,9 @@ def resolve_gpu(spec: str) -> Gpu:
         return card
     try:
         total = parse_bytes(spec, "--gpu-memory")
-    except UsageError:
+    except UsageError as exc:
+        if str(spec).strip()[:1].isdigit():  # a size with a missing or unclear unit: say which
+            raise UsageError(f"{exc} (or a known card: {', '.join(known_names())})") from None
         raise UsageError(f"--gpu-memory: {spec!r} is neither a size (e.g. 6GiB) nor a known card "
                          f"({', '.join(known_names())})") from None
     return Gpu(f"{total / GiB:.2f} GiB card", total, (8, 0), "given")
