@@ -1,0 +1,73 @@
+"""The H200 families run as planned (benchmarks/vram/families.py): its jobs, in the order a run cut
+short still covers most, with LoRA targets every family really has, 24 boundary cases on both
+sides of plan --train's verdict, and commands that name real modules."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.memory.budget import default_headroom, fits
+from harness.memory.estimate import estimate
+from harness.memory.lora import resolve_lora_targets
+from harness.memory.shape import model_shape
+from harness.memory.train_matrix import FAMILY_TARGET_SETS, TrainCase
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def driver():
+    spec = importlib.util.spec_from_file_location("families_driver", ROOT / "benchmarks" / "vram" / "families.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def jobs(driver):
+    return driver.all_jobs()
+
+
+def test_snapshots_first_then_the_problem_families(jobs):
+    assert [j["kind"] for j in jobs[:2]] == ["snapshot-train", "snapshot-generate"]
+    train = [j for j in jobs if j["kind"] == "train" and j["case"]["role"] == "matrix"]
+    first_other = next(i for i, j in enumerate(train) if j["arch"] not in ("gemma-2-2b", "gemma-3-1b"))
+    assert all(j["arch"] in ("gemma-2-2b", "gemma-3-1b") for j in train[:first_other]) and first_other == 16
+    assert len({j["name"] for j in jobs}) == len(jobs)
+
+
+def test_every_case_targets_modules_its_family_has(jobs):
+    for j in jobs:
+        if j["kind"] not in ("train", "snapshot-train"):
+            continue
+        case = TrainCase(**j["case"])
+        targets = resolve_lora_targets(model_shape(case.arch), FAMILY_TARGET_SETS[case.targets])
+        assert not targets.unmatched and targets.modules > 0, j["name"]
+
+
+def test_boundary_cases_straddle_the_6gib_verdict(driver, jobs):
+    boundary = [TrainCase(**j["case"]) for j in jobs if j["kind"] == "train" and j["case"]["role"] == "boundary"]
+    assert len(boundary) >= 20
+    for arch in driver.FAMILIES:
+        mine = [c for c in boundary if c.arch == arch]
+        verdicts = [fits(estimate(model_shape(c.arch), c.query()).planned_bytes, c.budget_bytes,
+                         driver.ASSUMED_CONTEXT, default_headroom("train")) for c in mine]
+        assert len(mine) == 6 and sum(verdicts) == 3, arch
+
+
+def test_commands_name_modules_that_exist(driver, jobs, tmp_path):
+    seen = set()
+    for j in jobs:
+        cmd = driver.command(j, tmp_path / j["arch"], tmp_path / "out.json", "cuda:0")
+        assert cmd[0] == sys.executable
+        target = cmd[2] if cmd[1] == "-m" else cmd[1]
+        seen.add(target)
+    assert seen == {"harness.memory.train_matrix", "harness.memory.snapshot_case",
+                    str(ROOT / "benchmarks" / "vram" / "families.py")}
+    for module in ("harness.memory.train_matrix", "harness.memory.snapshot_case"):
+        assert importlib.util.find_spec(module) is not None
+    assert set(driver.FIT_EXCLUDED) <= set(driver.FAMILIES)
