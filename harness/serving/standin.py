@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -180,6 +181,17 @@ def make_app(ttft_s: float, interval_s: float, seed: int = 0, tokenize: bool = F
     return app
 
 
+def _die_with_parent() -> None:
+    """A forked server process ends with the one that forked it (Linux: PR_SET_PDEATHSIG), not
+    only when the launcher stops the whole group."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.serving.standin", description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, required=True)
@@ -193,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     from aiohttp import web
 
     seed = 0
-    for k in range(1, max(1, args.processes)):  # the launcher stops the whole process group
+    for k in range(1, max(1, args.processes)):
         if os.fork() == 0:
             seed = k
+            _die_with_parent()
             break
     web.run_app(make_app(args.ttft_ms / 1000, args.token_interval_ms / 1000, seed=seed, tokenize=args.tokenize),
                 host="127.0.0.1", port=args.port, reuse_port=args.processes > 1,
