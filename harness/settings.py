@@ -238,11 +238,19 @@ def resolve(values: Mapping[str, Any], root: Path | None = None) -> Settings:
     """
     root = Path(root or Path.cwd()).resolve()
     raw: dict[str, Any] = {}
+    from_env: set[str] = set()
     for name, opt in options():
-        value = values.get(name)
-        raw[name] = value if value not in (None, "") or not opt.env else os.environ.get(opt.env) or None
+        raw[name] = values.get(name)
+        if raw[name] in (None, "") and opt.env and os.environ.get(opt.env):
+            raw[name] = os.environ[opt.env]
+            from_env.add(name)
     served_model = _served_model(raw)
-    parsed = {name: opt.parse(raw[name], root) for name, opt in options()}
+    parsed = {}
+    for name, opt in options():
+        try:
+            parsed[name] = opt.parse(raw[name], root)
+        except UsageError as exc:  # say where a bad value came from
+            raise (UsageError(f"{exc} (from ${opt.env})") if name in from_env else exc) from None
     return Settings(**parsed, served_model=served_model,
                     vllm_python_explicit=bool(raw["vllm_python"]),
                     llmcompressor_python_explicit=bool(raw["llmcompressor_python"]))

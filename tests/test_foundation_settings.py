@@ -120,3 +120,11 @@ def test_one_option_table_gives_the_pytest_options_their_help_and_their_parsing(
     monkeypatch.setenv("HARNESS_REPORT_DIR", str(tmp_path / "elsewhere"))
     assert s.resolve({}, root=tmp_path).report_dir == tmp_path / "elsewhere"
     assert s.resolve({"report_dir": str(tmp_path / "flag")}, root=tmp_path).report_dir == tmp_path / "flag"
+
+
+def test_a_bad_value_from_the_environment_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_VLLM_PYTHON", str(tmp_path / "no-python"))
+    with pytest.raises(UsageError, match=r"^--vllm-python: .*no-python' does not exist \(from \$HARNESS_VLLM_PYTHON\)$"):
+        s.resolve({}, root=tmp_path)
+    with pytest.raises(UsageError, match=r"does not exist$"):  # the flag's own value: no env note
+        s.resolve({"vllm_python": str(tmp_path / "other")}, root=tmp_path)
