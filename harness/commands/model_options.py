@@ -11,8 +11,9 @@ import argparse
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from ..memory.budget import DEFAULT_CONTEXT_BYTES
 from ..memory.estimate import DEFAULT_NEW_TOKENS
-from ..units import comma_list, int_list, parse_bytes
+from ..units import comma_list, format_size, int_list, parse_bytes
 
 DEFAULT_LORA_R = 16
 
@@ -41,7 +42,8 @@ def add_shared_options(parser: argparse.ArgumentParser, *, precision_help: str, 
     gc.add_argument("--no-grad-checkpointing", dest="grad_checkpointing", action="store_false")
     parser.add_argument("--budget", default=None, help=budget_help)
     parser.add_argument("--context-bytes", default=None,
-                        help="CUDA context + driver reservation the card loses (default 400MiB)")
+                        help="CUDA context + driver reservation the card loses "
+                             f"(default {format_size(DEFAULT_CONTEXT_BYTES).replace(' ', '')})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -67,7 +69,6 @@ def one_int(text: str, flag: str, minimum: int) -> int:
 
 
 def read_shared_options(args: argparse.Namespace) -> SharedOptions:
-    from ..memory.budget import DEFAULT_CONTEXT_BYTES
     from ..memory.lora import DEFAULT_LORA_TARGETS, optimizer_name
 
     targets = comma_list(args.lora_targets, "--lora-targets") if args.lora_targets else DEFAULT_LORA_TARGETS

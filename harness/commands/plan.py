@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from ..memory.budget import default_headroom
 from . import plan_vllm
 from .model_options import SharedOptions, add_shared_options, read_precisions, read_shared_options
 
@@ -22,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="two --config: disk read rate a switch loads the checkpoint at (GB/s, default 2.0)")
     parser.add_argument("--train", action="store_true", help="plan LoRA/QLoRA training instead of inference")
     parser.add_argument("--headroom", type=float, default=None,
-                        help="allocator reserve kept free, a fraction of the peak (default 0.03, training 0.057)")
+                        help="allocator reserve kept free, a fraction of the peak (default "
+                             f"{default_headroom('generate')}, training {default_headroom('train')})")
     parser.add_argument("--batch-seq-len", type=int, default=2048, help="sequence length for the batch limit")
     parser.add_argument("--offload", action="store_true",
                         help="place the model with accelerate (GPU, then CPU, then disk) for this budget")
