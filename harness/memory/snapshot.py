@@ -148,6 +148,7 @@ class SnapshotRecorder:
     def __init__(self, device: str = "cuda:0", max_entries: int = 1_500_000):
         self.device, self.max_entries = device, max_entries
         self.snapshot: dict | None = None
+        self.error: str | None = None  # why no snapshot was taken (the measured block still counts)
         self._on = False
 
     def __enter__(self) -> "SnapshotRecorder":
@@ -166,6 +167,8 @@ class SnapshotRecorder:
         if self._on:
             try:
                 self.snapshot = torch.cuda.memory._snapshot()
+            except Exception as err:  # noqa: BLE001 - the case's own figures must survive
+                self.error = f"{type(err).__name__}: {err}"[:300]
             finally:
                 torch.cuda.memory._record_memory_history(enabled=None)
         return False

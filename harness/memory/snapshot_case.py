@@ -81,13 +81,16 @@ def generate_with_snapshot(spec: dict, model_dir: str, device: str) -> dict:
 
 def _summary(rec: SnapshotRecorder, model_dir: str, window: str) -> dict | None:
     if rec.snapshot is None:
-        return None
+        return {"error": rec.error} if rec.error else None
     t0 = time.perf_counter()
     try:
         ranges = logits_ranges(_model_type(model_dir))
     except Exception:  # noqa: BLE001 - without the ranges logits count as activations, said below
         ranges = []
-    summary = summarise(rec.snapshot, ranges, window=window)
+    try:
+        summary = summarise(rec.snapshot, ranges, window=window)
+    except Exception as exc:  # noqa: BLE001 - the row's measurement is kept without its picture
+        return {"error": f"summarise: {type(exc).__name__}: {exc}"[:300]}
     summary["logits_ranges"] = [[r.file_suffix, r.first, r.last] for r in ranges]
     summary["summarise_seconds"] = round(time.perf_counter() - t0, 2)
     return summary

@@ -48,6 +48,7 @@ def test_snapshot_trace_replays_to_torchs_own_peak():
     rows = T.load_rows()["snapshot"] if T.row_files() else []
     if not rows:
         pytest.skip("no snapshot rows committed yet (benchmarks/vram/measured-families/)")
+    assert all("peak_by_category" in r["snapshot"] for r in rows), [r["snapshot"].get("error") for r in rows]
     for r in rows:
         snap = r["snapshot"]
         assert sum(snap["peak_by_category"].values()) == snap["peak_bytes"]
