@@ -156,9 +156,12 @@ class SnapshotRecorder:
 
         if self.device.startswith("cuda") and torch.cuda.is_available():
             torch.cuda.init()  # the allocator must exist before its history is recorded
-            torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                                     max_entries=self.max_entries)
-            self._on = True
+            try:
+                torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
+                                                         max_entries=self.max_entries)
+                self._on = True
+            except Exception as err:  # noqa: BLE001 - measure the case anyway, without its history
+                self.error = f"recording: {type(err).__name__}: {err}"[:300]
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
