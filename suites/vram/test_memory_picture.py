@@ -41,6 +41,15 @@ def test_memory_picture_of_a_step_and_a_generation(record):
     record.figure("memory_picture", "Where the memory goes (one QLoRA step, one generation)",
                   {"cases": cases, "note": "measured: live bytes per allocation stack at the step's allocated peak "
                                            "(torch.cuda.memory._snapshot); predicted: harness estimate --explain"})
+    for (arch, mode), got in measured.items():  # the step's timeline, as the allocator lived it
+        timeline = got.get("timeline") or []
+        if not timeline:
+            continue
+        xs = [p["event"] for p in timeline]
+        names = ["total"] + sorted({k for p in timeline for k in p if k not in ("event", "total")})
+        record.figure("lines", f"{arch} {mode}: allocated bytes over the step, by what allocated them",
+                      {"series": {n: (xs, [p.get(n, 0) / 2**30 for p in timeline]) for n in names},
+                       "xlabel": "allocator event", "ylabel": "GiB"})
     record(cases=len(cases), measured=len(measured))
 
 
