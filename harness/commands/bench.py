@@ -43,6 +43,18 @@ def failure_reason(data: dict) -> str:
     return text
 
 
+def parse_share(text: str, what: str) -> float:
+    """'90%' or '0.9' -> 0.9, within (0, 1]."""
+    value = str(text).strip()
+    try:
+        share = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        raise UsageError(f"{what}: {text!r} is not a share such as 90%") from None
+    if not 0 < share <= 1:
+        raise UsageError(f"{what}: {text!r} must be above 0% and at most 100%")
+    return share
+
+
 def parse_workers(text: str) -> int | None:
     """--workers: "auto" (None) or a count >= 1."""
     if str(text).strip().lower() == "auto":
@@ -80,8 +92,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help="model name as the server knows it")
     parser.add_argument("--concurrency", default=None,
                         help="closed-loop concurrency levels, comma list (default 1); with --request-rate, the cap on requests in flight (default none)")
-    parser.add_argument("--request-rate", type=float, default=None,
-                        help="open loop: Poisson arrivals at this many requests/s (the first --concurrency value caps requests in flight)")
+    parser.add_argument("--request-rate", default=None,
+                        help="open loop: Poisson arrivals at this many requests/s; a comma list runs each rate; "
+                             "'sweep' doubles the rate from --sweep-start until the server saturates (the first "
+                             "--concurrency value caps requests in flight)")
+    parser.add_argument("--sweep-start", type=float, default=1.0, help="with --request-rate sweep: the first rate (default 1/s)")
+    parser.add_argument("--slo-target", default="90%",
+                        help="the share of requests within --slo for a rate to meet it (default 90%%): the sweep "
+                             "reports the highest such rate")
     parser.add_argument("--num-prompts", type=int, required=True, help="requests per run")
     parser.add_argument("--input-len", type=int, required=True, help="prompt tokens (exact with a tokenizer)")
     parser.add_argument("--output-len", type=int, required=True, help="output tokens (ignore_eos, min_tokens = max_tokens)")
@@ -122,8 +140,10 @@ def run(args) -> int:
         raise UsageError("--ramp-up must not be negative")
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
-    if args.request_rate is not None and args.request_rate <= 0:
-        raise UsageError("--request-rate must be positive")
+    from ..serving.sweep import parse_rates
+
+    rates = parse_rates(args.request_rate, args.sweep_start)
+    slo_target = parse_share(args.slo_target, "--slo-target")
     workers = parse_workers(args.workers)
     out = Path(args.out)
     if out.is_dir():
@@ -134,7 +154,8 @@ def run(args) -> int:
         target=Target(base_url=endpoint, model=args.model, api=args.api, timeout_s=args.timeout),
         workload=workload,
         concurrencies=_int_list(args.concurrency, "--concurrency") if args.concurrency else ([] if args.request_rate else [1]),
-        request_rate=args.request_rate,
+        rates=rates,
+        slo_target=slo_target,
         ramp_up_s=args.ramp_up,
         repeats=args.repeats,
         warmup=max(0, args.warmup),

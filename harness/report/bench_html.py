@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from . import fmt, html, pages, plots
+from . import fmt, html, pages, plots, sweep_section
 
 MIN_SERVER_SAMPLES = 5
 RESAMPLES = 400
@@ -280,6 +280,7 @@ def render(paths: list[str], datas: list[dict], comparison: Any = None, *, compa
         body.append(html.fold("Comparison as text", "the table `harness compare` prints",
                               f"<pre>{html.esc(text)}</pre>"))
     body.append(_level_figures(labels, datas))
+    body.append(sweep_section.section(labels, datas))
     per_file = []
     for label, data in zip(labels, datas):
         run = _largest_run(data)

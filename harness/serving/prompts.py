@@ -32,6 +32,8 @@ import aiohttp
 
 from ..errors import CheckFailed, UsageError
 from .client import RequestSpec, Target
+from . import token_prompts
+from .token_prompts import post_json as _post_json
 from .workload import PromptTokenizer, Workload
 
 METHODS = ("auto", "tokenizer", "server-tokenize", "server-vocab", "usage-probes")
@@ -95,21 +97,6 @@ class Calibration:
 
 
 Count = Callable[[str], Awaitable[int]]  # text -> prompt tokens the server sees for it
-
-
-async def _post_json(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: float = 30.0) -> tuple[int, dict | None]:
-    try:
-        async with asyncio.timeout(timeout_s):
-            async with session.post(url, json=body) as resp:
-                try:
-                    data = await resp.json(content_type=None)
-                except (ValueError, aiohttp.ContentTypeError):
-                    data = None
-                return resp.status, data if isinstance(data, dict) else None
-    except TimeoutError:
-        raise CheckFailed(f"{url} did not answer within {timeout_s:g} s while calibrating prompt lengths") from None
-    except (aiohttp.ClientError, OSError) as exc:
-        raise CheckFailed(f"cannot reach {url} while calibrating prompt lengths: {type(exc).__name__}: {exc}") from None
 
 
 def _tokenize_counter(session: aiohttp.ClientSession, target: Target, chat: bool, stats: Calibration) -> Count:
@@ -238,8 +225,6 @@ class TooFewWords(CheckFailed):
 
 async def _vocab_calibration(session: aiohttp.ClientSession, target: Target, requests: int = 0) -> Calibration:
     """server-vocab: the ids to draw prompts from, and what the server adds around them."""
-    from . import token_prompts
-
     cal = Calibration(method="server-vocab", api=target.api, requests=requests, exact=True)
     cal.token_ids = await token_prompts.id_pool(session, target)
     cal.requests += 1
@@ -286,8 +271,6 @@ async def build_specs(session: aiohttp.ClientSession, target: Target, workload: 
     if cal.method == "tokenizer":
         return _local_specs(workload, cal, tokenizer, rng)
     if cal.method == "server-vocab":
-        from . import token_prompts
-
         if cal.api == "chat":
             return await token_prompts.chat_specs(session, target, cal.token_ids, cal.overhead, n, workload.output_len,
                                                   workload.num_prompts, workload.prefix_len, workload.seed)

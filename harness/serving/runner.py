@@ -16,6 +16,8 @@ from ..errors import CheckFailed, UsageError
 from . import capacity, hostload, metrics, prompts, results
 from .client import LoadResult, RequestSpec, Target, client_json_parser, make_session, run_load
 from .stats import SLO, summarize_run
+from . import sweep
+from .sweep import SweepPlan, next_rate
 from .workers import default_workers, run_load_workers
 from .workload import PromptTokenizer, Workload
 
@@ -34,6 +36,8 @@ class BenchConfig:
     workload: Workload
     concurrencies: list[int] = field(default_factory=lambda: [1])
     request_rate: float | None = None  # Poisson mode (concurrency then caps requests in flight)
+    rates: SweepPlan | None = None  # several rates, or a sweep to saturation (sweep.py); overrides request_rate
+    slo_target: float = 0.9  # the share of requests within the SLO for a rate to meet it
     ramp_up_s: float = 0.0  # closed loop: spread the slots' first sends over this long
     repeats: int = 1
     warmup: int = 2
@@ -113,7 +117,7 @@ def _results_skeleton(cfg: BenchConfig, info: dict, tokenizer: PromptTokenizer |
     env.update({k: v for k, v in cfg.environment.items() if k not in env or env[k] is None})
     workload = cfg.workload.to_json() | {
         "concurrency": cfg.concurrencies,
-        "request_rate": cfg.request_rate,
+        "request_rate": (("sweep" if cfg.rates.auto else list(cfg.rates.rates)) if cfg.rates else cfg.request_rate),
         "repeats": cfg.repeats,
         "warmup": cfg.warmup,
         "ramp_up_s": cfg.ramp_up_s,
@@ -150,39 +154,67 @@ async def run_bench_async(cfg: BenchConfig) -> dict:
         data["environment"]["metric_names"] = sorted(n for n in first.names() if n.startswith("vllm:")) if first else None
         if cfg.out:
             results.write_atomic(cfg.out, data)
-        levels = cfg.concurrencies if not cfg.request_rate else [cfg.concurrencies[0] if cfg.concurrencies else None]
-        for level in levels:
-            for rep in range(cfg.repeats):
-                warm = None
-                if warm_specs:
-                    warm = await run_load(cfg.target, warm_specs, concurrency=min(len(warm_specs), level or 1),
-                                          session=session)
-                try:
-                    run = await _one_run(cfg, session, specs, level, rep, tokenizer, calibration.tolerance,
-                                         warm, data["environment"]["machine"])
-                except Interrupted as stop:
-                    data["runs"].append(stop.run)
-                    data["interrupted"] = True
-                    if cfg.out:
-                        results.write_atomic(cfg.out, data)
-                    raise asyncio.CancelledError from None
-                data["runs"].append(run)
-                _say(cfg, _run_line(run))
-                if not run["prompt_tokens"]["valid"]:
-                    # A run of another workload than the one asked for: say so and stop here.
-                    data["valid"] = False
-                    data["invalid_reasons"].append(invalid_reason(run, calibration.method))
-                    if cfg.out:
-                        results.write_atomic(cfg.out, data)
+        ctx = _Context(cfg, session, specs, warm_specs, tokenizer, calibration, data)
+        plan = cfg.rates or (SweepPlan(rates=(cfg.request_rate,)) if cfg.request_rate else None)
+        if plan is None:
+            for level in cfg.concurrencies:
+                if not await _level_runs(ctx, level, None):
                     return data
-                if cfg.out:
-                    results.write_atomic(cfg.out, data)
+        else:
+            cap = cfg.concurrencies[0] if cfg.concurrencies else None
+            while (rate := next_rate(plan, data["runs"])) is not None:
+                if not await _level_runs(ctx, cap, rate):
+                    return data
+            data["sweep"] = sweep.summarize(data["runs"], cfg.slo.to_json() if cfg.slo else {}, cfg.slo_target)
+            _say(cfg, sweep.line(data["sweep"]))
         data["complete"] = True
         if cfg.out:
             results.write_atomic(cfg.out, data)
         return data
     finally:
         await session.close()
+
+
+@dataclass
+class _Context:
+    cfg: BenchConfig
+    session: aiohttp.ClientSession
+    specs: list
+    warm_specs: list
+    tokenizer: PromptTokenizer | None
+    calibration: prompts.Calibration
+    data: dict
+
+
+async def _level_runs(ctx: _Context, level: int | None, rate: float | None) -> bool:
+    """Every repeat at one concurrency (or rate); results on disk after each. False: stop the
+    bench (a run whose prompts missed the requested length is another workload)."""
+    cfg, data = ctx.cfg, ctx.data
+    for rep in range(cfg.repeats):
+        warm = None
+        if ctx.warm_specs:
+            warm = await run_load(cfg.target, ctx.warm_specs, concurrency=min(len(ctx.warm_specs), level or 1),
+                                  session=ctx.session)
+        try:
+            run = await _one_run(cfg, ctx.session, ctx.specs, level, rep, ctx.tokenizer, ctx.calibration.tolerance,
+                                 warm, data["environment"]["machine"], rate)
+        except Interrupted as stop:
+            data["runs"].append(stop.run)
+            data["interrupted"] = True
+            if cfg.out:
+                results.write_atomic(cfg.out, data)
+            raise asyncio.CancelledError from None
+        data["runs"].append(run)
+        _say(cfg, _run_line(run))
+        if not run["prompt_tokens"]["valid"]:
+            data["valid"] = False
+            data["invalid_reasons"].append(invalid_reason(run, ctx.calibration.method))
+            if cfg.out:
+                results.write_atomic(cfg.out, data)
+            return False
+        if cfg.out:
+            results.write_atomic(cfg.out, data)
+    return True
 
 
 def invalid_reason(run: dict, method: str) -> str:
@@ -209,17 +241,18 @@ def seconds_per_token(warm: LoadResult | None) -> float | None:
     return percentile(gaps, 50) if gaps else None
 
 
-def _capacity_check(cfg: BenchConfig, level, workers: int, warm, machine: dict) -> dict:
+def _capacity_check(cfg: BenchConfig, level, rate, workers: int, warm, machine: dict) -> dict:
     cap = capacity.for_machine(cfg.report_dir, machine, workers)
-    want, how = capacity.asked_rate(level, cfg.request_rate, cfg.workload.output_len, seconds_per_token(warm))
+    want, how = capacity.asked_rate(level, rate, cfg.workload.output_len, seconds_per_token(warm))
     check = capacity.warning(want, how, workers, cap)
     if check["warning"]:
         _say(cfg, "warning: " + check["warning"])
     return check
 
 
-async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int, warm=None, machine=None) -> dict:
-    label = f"rate {cfg.request_rate:g}/s" if cfg.request_rate else f"concurrency {level}"
+async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int, warm=None, machine=None,
+                   rate: float | None = None) -> dict:
+    label = f"rate {rate:g}/s" if rate else f"concurrency {level}"
     before = await metrics.settled(session, cfg.target.base_url)
     sampler = metrics.Sampler(session, cfg.target.base_url, cfg.metrics_interval_s) if before else None
     if sampler:
@@ -240,14 +273,14 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int, w
     records: list = []
     idle = await hostload.sample_runnable()  # the machine's load from others, our server idle
     n_workers = cfg.workers or default_workers(hostload.cores(), hostload.background(idle)["background_runnable"])
-    check = _capacity_check(cfg, level, n_workers, warm, machine or {}) if rep == 0 else None
+    check = _capacity_check(cfg, level, rate, n_workers, warm, machine or {}) if rep == 0 else None
     try:
         if n_workers > 1:
             load = await run_load_workers(cfg.target, specs, workers=n_workers, concurrency=level,
-                                          request_rate=cfg.request_rate, ramp_up_s=cfg.ramp_up_s,
+                                          request_rate=rate, ramp_up_s=cfg.ramp_up_s,
                                           seed=cfg.workload.seed + rep, on_progress=progress, records=records)
         else:
-            load = await run_load(cfg.target, specs, concurrency=level, request_rate=cfg.request_rate,
+            load = await run_load(cfg.target, specs, concurrency=level, request_rate=rate,
                                   ramp_up_s=cfg.ramp_up_s, seed=cfg.workload.seed + rep, on_progress=progress,
                                   session=session, records=records)
     except asyncio.CancelledError:
@@ -256,7 +289,7 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int, w
         cut = len(records) - len(done)
         partial = LoadResult(records=done, loop_lag_s=[], started_wall=time.time(),
                              duration_s=(max(r.end_s for r in done) - min(r.sent_s for r in done)) if done else 0.0)
-        run = summarize_run(partial, concurrency=level, request_rate=cfg.request_rate, slo=cfg.slo,
+        run = summarize_run(partial, concurrency=level, request_rate=rate, slo=cfg.slo,
                             keep_requests=cfg.keep_requests, repeat=rep, prompt_tolerance=tolerance)
         run.update(interrupted=True, requests_cut_off=cut, requests_not_sent=len(specs) - len(records))
         raise Interrupted(run) from None
@@ -266,7 +299,7 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int, w
     idle += await hostload.sample_runnable()
     load.host.update(hostload.background(idle))
     run = summarize_run(
-        load, concurrency=level, request_rate=cfg.request_rate, slo=cfg.slo,
+        load, concurrency=level, request_rate=rate, slo=cfg.slo,
         server_delta=metrics.delta(before, after), server_timeseries=series,
         count_output=tokenizer.count_output if tokenizer else None,
         keep_requests=cfg.keep_requests, repeat=rep, prompt_tolerance=tolerance,

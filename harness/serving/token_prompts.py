@@ -30,10 +30,23 @@ _SEED_TEXT = ("the model server cache layer batch memory tokens prompt 012345678
 MIN_POOL = 8
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
-    from .prompts import _post_json
+async def post_json(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: float = 30.0) -> tuple[int, dict | None]:
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(url, json=body) as resp:
+                try:
+                    data = await resp.json(content_type=None)
+                except (ValueError, aiohttp.ContentTypeError):
+                    data = None
+                return resp.status, data if isinstance(data, dict) else None
+    except TimeoutError:
+        raise CheckFailed(f"{url} did not answer within {timeout_s:g} s while calibrating prompt lengths") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise CheckFailed(f"cannot reach {url} while calibrating prompt lengths: {type(exc).__name__}: {exc}") from None
 
-    status, data = await _post_json(session, url, body)
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
+    status, data = await post_json(session, url, body)
     if status != 200 or data is None:
         raise CheckFailed(f"POST {url} answered {status} while building prompts from the server's vocabulary")
     return data
@@ -64,11 +77,9 @@ async def count_text(session: aiohttp.ClientSession, target: Target, text: str) 
 
 async def id_prompt_specials(session: aiohttp.ClientSession, target: Target, pool: list[int]) -> int:
     """Tokens the server adds to a prompt given as ids (0 on vLLM), from one 1-token probe."""
-    from .prompts import _post_json
-
     ids = pool[:8]
     body = {"model": target.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "stream": False}
-    status, data = await _post_json(session, target.base_url + "/v1/completions", body, timeout_s=target.timeout_s)
+    status, data = await post_json(session, target.base_url + "/v1/completions", body, timeout_s=target.timeout_s)
     usage = (data or {}).get("usage") or {}
     if status != 200 or not isinstance(usage.get("prompt_tokens"), int):
         raise CheckFailed(f"{target.base_url}/v1/completions refused a prompt of token ids ({status}): cannot "

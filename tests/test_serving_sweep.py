@@ -1,0 +1,78 @@
+"""Open-loop rate sweep to saturation and goodput, against the stand-in: with requests in flight
+capped at 2 and each request taking a known time, the server side can give at most 2 / e2e
+requests per second; the sweep must find that plateau, stop there, and draw it on the page."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.errors import UsageError
+from harness.serving.standin import run_standin
+from harness.serving.sweep import SweepPlan, next_rate, parse_rates, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "fast", "1,,x", "nan", "inf"])
+def test_bad_rates_are_usage_errors(text):
+    with pytest.raises(UsageError, match="--request-rate"):
+        parse_rates(text)
+
+
+def test_rate_lists_run_in_order_and_a_sweep_doubles_until_throughput_stops_growing():
+    plan = parse_rates("2,8,4")
+    assert plan == SweepPlan(rates=(2.0, 8.0, 4.0))
+    assert next_rate(plan, [{"request_rate": 2.0}]) == 8.0
+    auto = parse_rates("sweep", start=3)
+    run = lambda rate, tput, failed=0: {"request_rate": rate, "request_throughput": tput,  # noqa: E731
+                                        "requests_failed": failed}
+    assert next_rate(auto, []) == 3
+    assert next_rate(auto, [run(3, 2.9), run(6, 5.8)]) == 12
+    assert next_rate(auto, [run(3, 2.9), run(6, 5.8), run(12, 6.2)]) is None  # +7% for twice the rate
+    assert next_rate(auto, [run(3, 2.9), run(6, 5.8, failed=1)]) is None
+
+
+def test_goodput_counts_failures_and_takes_the_highest_rate_meeting_the_target():
+    def run(rate, ok, good, failed=0):
+        return {"request_rate": rate, "request_throughput": ok / 10, "output_throughput": ok, "requests_ok": ok,
+                "requests_failed": failed, "goodput": {"requests_good": good, "request_goodput": good / 10},
+                "ttft_ms": {"p50": 10, "p99": 20}, "tpot_ms": {"p50": 1, "p99": 2}}
+
+    s = summarize([run(1, 10, 10), run(2, 20, 19), run(4, 36, 30, failed=4)], {"ttft_ms": 100}, 0.9)
+    assert [p["good_fraction"] for p in s["points"]] == [1.0, 0.95, 0.75]  # 30 of 40: failures count
+    assert s["max_rate_meeting_slo"] == 2 and s["goodput_at_that_rate"] == pytest.approx(1.9)
+    assert s["saturation"]["at_offered_rate"] == 4
+
+
+def test_bench_sweep_finds_the_capped_plateau_and_the_page_draws_it(tmp_path):
+    out = tmp_path / "sweep.json"
+    with run_standin(ttft_ms=20, token_interval_ms=10, log_dir=tmp_path) as server:
+        proc = _cli("bench", "--endpoint", server.base_url, "--model", "standin", "--request-rate", "sweep",
+                    "--sweep-start", "4", "--concurrency", "2", "--num-prompts", "24", "--input-len", "8",
+                    "--output-len", "8", "--slo", "ttft_ms=500", "--workers", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    s = data["sweep"]
+    rates = [p["offered_rate"] for p in s["points"]]
+    assert rates[:3] == [4, 8, 16] and s["saturation"]["reached"]
+    e2e = min(r["e2e_ms"]["p50"] for r in data["runs"]) / 1000
+    bound = 2 / e2e  # two requests in flight, each at least e2e long
+    assert 0.5 * bound <= s["saturation"]["request_throughput"] <= 1.1 * bound
+    assert rates[-1] >= 2 * bound / 1.15  # it went past the plateau before stopping...
+    assert len(rates) <= 6  # ...and stopped there
+    assert "sweep: saturation reached" in proc.stderr
+    assert s["max_rate_meeting_slo"] == max(p["offered_rate"] for p in s["points"] if p["good_fraction"] >= 0.9)
+    page = tmp_path / "sweep.html"
+    assert _cli("report", str(out), "--out", str(page)).returncode == 0
+    text = page.read_text()
+    assert "Open-loop rate sweep" in text and "goodput" in text and text.count("<svg") >= 2
