@@ -76,3 +76,31 @@ def test_bench_sweep_finds_the_capped_plateau_and_the_page_draws_it(tmp_path):
     assert _cli("report", str(out), "--out", str(page)).returncode == 0
     text = page.read_text()
     assert "Open-loop rate sweep" in text and "goodput" in text and text.count("<svg") >= 2
+
+
+@pytest.mark.parametrize("dist", ["uniform", "normal"])
+def test_length_distributions_are_exact_per_request_and_really_vary(tmp_path, dist):
+    out = tmp_path / "d.json"
+    with run_standin(ttft_ms=2, token_interval_ms=1, log_dir=tmp_path, tokenize=True) as server:
+        proc = _cli("bench", "--endpoint", server.base_url, "--model", "standin", "--concurrency", "4",
+                    "--num-prompts", "24", "--input-len", "40", "--output-len", "12", "--input-dist", dist,
+                    "--output-dist", dist, "--len-spread", "0.5" if dist == "uniform" else "0.3", "--workers", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    reqs = data["runs"][0]["requests"]
+    asked_in = [r["requested_prompt_tokens"] for r in reqs]
+    assert [r["prompt_tokens"] for r in reqs] == asked_in  # every prompt exact at its own length
+    outs = [r["completion_tokens"] for r in reqs]
+    assert len(set(asked_in)) >= 6 and len(set(outs)) >= 4
+    assert 16 <= min(asked_in) and max(asked_in) <= (60 if dist == "uniform" else 64)
+    assert abs(sum(asked_in) / len(asked_in) - 40) < 8
+    assert data["workload"]["input_dist"] == dist and data["runs"][0]["token_accounting"]["agree"]
+
+
+def test_fixed_lengths_keep_the_fingerprint_older_files_have():
+    from harness.serving.workload import Workload
+
+    assert "input_dist" not in Workload(input_len=8, output_len=4, num_prompts=2).to_json()
+    assert Workload(input_len=8, output_len=4, num_prompts=2, output_dist="uniform").to_json()["output_dist"] == "uniform"
+    with pytest.raises(UsageError, match="--prefix-len"):
+        Workload(input_len=10, output_len=4, num_prompts=50, prefix_len=9, input_dist="uniform", len_spread=0.5)

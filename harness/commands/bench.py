@@ -104,6 +104,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--input-len", type=int, required=True, help="prompt tokens (exact with a tokenizer)")
     parser.add_argument("--output-len", type=int, required=True, help="output tokens (ignore_eos, min_tokens = max_tokens)")
     parser.add_argument("--prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt")
+    parser.add_argument("--input-dist", choices=("fixed", "uniform", "normal"), default="fixed",
+                        help="prompt lengths: all --input-len (default), or drawn around it (each still exact)")
+    parser.add_argument("--output-dist", choices=("fixed", "uniform", "normal"), default="fixed",
+                        help="output lengths: all --output-len (default), or drawn around it")
+    parser.add_argument("--len-spread", type=float, default=0.25,
+                        help="with a distribution: uniform within mean x (1 +- spread), normal with sd mean x spread "
+                             "(clipped to 1..2 x mean); default 0.25")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer directory (default: --model when it is a local directory; else the "
                              "server's own tokenizer through POST /tokenize, else probe requests' usage)")
@@ -149,7 +156,8 @@ def run(args) -> int:
     if out.is_dir():
         raise UsageError(f"--out: {args.out!r} is a directory")
     workload = Workload(input_len=args.input_len, output_len=args.output_len, num_prompts=args.num_prompts,
-                        prefix_len=args.prefix_len, api=args.api, seed=args.seed)
+                        prefix_len=args.prefix_len, api=args.api, seed=args.seed, input_dist=args.input_dist,
+                        output_dist=args.output_dist, len_spread=args.len_spread)
     cfg = BenchConfig(
         target=Target(base_url=endpoint, model=args.model, api=args.api, timeout_s=args.timeout),
         workload=workload,

@@ -260,7 +260,29 @@ async def _measure_words(cal: Calibration, plain: Count, target: Target, option:
 async def build_specs(session: aiohttp.ClientSession, target: Target, workload: Workload, cal: Calibration,
                       tokenizer: PromptTokenizer | None = None, concurrency: int = 8) -> list[RequestSpec]:
     """`workload.num_prompts` distinct prompts of `workload.input_len` prompt tokens as the server
-    counts them (template included in chat), sharing `prefix_len` tokens when asked."""
+    counts them (template included in chat), sharing `prefix_len` tokens when asked; with a length
+    distribution, each prompt of its own drawn length (and output length), built length by length."""
+    if not workload.varied:
+        return await _fixed_specs(session, target, workload, cal, tokenizer, concurrency)
+    plan = workload.lengths()
+    by_input: dict[int, list[int]] = {}
+    for k, (n_in, _) in enumerate(plan):
+        by_input.setdefault(n_in, []).append(k)
+    specs: list[RequestSpec | None] = [None] * len(plan)
+    if min(by_input) - cal.overhead < 1:
+        raise UsageError(f"--input-dist {workload.input_dist} drew a prompt of {min(by_input)} tokens, no room for "
+                         f"text beside the {cal.overhead} the server adds: use a smaller --len-spread")
+    for n_in, ks in sorted(by_input.items()):
+        part = Workload(input_len=n_in, output_len=workload.output_len, num_prompts=len(ks),
+                        prefix_len=workload.prefix_len, api=workload.api, seed=workload.seed * 100_003 + n_in)
+        for k, spec in zip(ks, await _fixed_specs(session, target, part, cal, tokenizer, concurrency)):
+            spec.output_tokens = plan[k][1]
+            specs[k] = spec
+    return specs  # type: ignore[return-value]
+
+
+async def _fixed_specs(session: aiohttp.ClientSession, target: Target, workload: Workload, cal: Calibration,
+                       tokenizer: PromptTokenizer | None, concurrency: int) -> list[RequestSpec]:
     n, overhead = workload.input_len, cal.overhead
     if n - overhead < 1:
         what = "the chat template adds" if cal.api == "chat" else "the server adds"

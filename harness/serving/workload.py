@@ -26,6 +26,9 @@ class Workload:
     prefix_len: int = 0
     api: str = "completions"
     seed: int = 0
+    input_dist: str = "fixed"  # DISTRIBUTIONS: each prompt's length drawn around input_len
+    output_dist: str = "fixed"
+    len_spread: float = 0.25  # uniform: mean x (1 +- spread); normal: sd = mean x spread, within 2 sd
 
     def __post_init__(self):
         if self.input_len < 1 or self.output_len < 1 or self.num_prompts < 1:
@@ -34,11 +37,44 @@ class Workload:
             raise UsageError(f"--prefix-len {self.prefix_len} must be below --input-len {self.input_len}")
         if self.api not in ("completions", "chat"):
             raise UsageError(f"--api: {self.api!r} is not completions or chat")
+        for what, dist in (("--input-dist", self.input_dist), ("--output-dist", self.output_dist)):
+            if dist not in DISTRIBUTIONS:
+                raise UsageError(f"{what}: {dist!r} is not one of {', '.join(DISTRIBUTIONS)}")
+        if not 0 <= self.len_spread < 1:
+            raise UsageError(f"--len-spread {self.len_spread:g} must be at least 0 and below 1")
+        if self.varied and self.prefix_len and self.prefix_len >= min(n for n, _ in self.lengths()):
+            raise UsageError(f"--prefix-len {self.prefix_len} must be below the shortest drawn prompt "
+                             f"({min(n for n, _ in self.lengths())} tokens)")
+
+    @property
+    def varied(self) -> bool:
+        return (self.input_dist, self.output_dist) != ("fixed", "fixed")
+
+    def lengths(self) -> list[tuple[int, int]]:
+        """(prompt tokens, output tokens) of each request, drawn with the workload's seed."""
+        rng = random.Random(self.seed * 7919 + 17)
+        return [(_draw(rng, self.input_dist, self.input_len, self.len_spread),
+                 _draw(rng, self.output_dist, self.output_len, self.len_spread)) for _ in range(self.num_prompts)]
 
     def to_json(self) -> dict:
         data = asdict(self)
+        if not self.varied:  # files of fixed-length workloads keep the fields (and fingerprint) they had
+            for key in ("input_dist", "output_dist", "len_spread"):
+                data.pop(key)
         data.update(ignore_eos=True, min_tokens=self.output_len, max_tokens=self.output_len)
         return data
+
+
+DISTRIBUTIONS = ("fixed", "uniform", "normal")
+
+
+def _draw(rng: random.Random, dist: str, mean: int, spread: float) -> int:
+    if dist == "uniform":
+        return rng.randint(max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread))))
+    if dist == "normal":  # within two standard deviations, and 1 .. 2 x mean
+        low, high = max(1, round(mean * (1 - 2 * spread))), min(2 * mean, round(mean * (1 + 2 * spread)))
+        return min(high, max(low, round(rng.gauss(mean, mean * spread))))
+    return mean
 
 
 class PromptTokenizer:
