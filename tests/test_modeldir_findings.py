@@ -232,6 +232,7 @@ CASES = [
     ("safety.pickle_file", "good", lambda d: torch.save({"w": torch.ones(2)}, d / "pytorch_model.bin")),
     ("safety.pickle_dangerous", "good", _pickle_payload),
     ("safety.pickle_unknown_global", "good", _unknown_global),
+    ("safety.pickle_framed", "good", lambda d: torch.save({"w": torch.ones(2)}, d / "extra.pt", pickle_protocol=4)),
     ("safety.pickle_refused", "good", _refused_global),
     ("safety.archive_invalid", "good", _damaged_archive),
     ("safety.archive_unscanned", "good", _seven_zip),
@@ -253,6 +254,8 @@ COVERED_ELSEWHERE = {"safetensors.header_too_large", "safetensors.header_invalid
 COVERED_ELSEWHERE |= {"quant.packed_tensor", "quant.scales", "quant.zero_points", "quant.g_idx", "quant.group_size",
                       "quant.bits", "quant.unsupported_scheme", "quant.layer_not_quantized",
                       "quant.ignored_but_quantized", "quant.kernel_dims"}
+# GGUF-directory codes: tests/test_gguf_dir.py (harness/modeldir/gguf_dir.py)
+COVERED_ELSEWHERE |= {code for code in CODES if code.startswith("gguf.")}
 
 
 @pytest.mark.parametrize("code,which,edit", CASES, ids=[c[0] for c in CASES])

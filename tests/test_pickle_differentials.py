@@ -94,18 +94,26 @@ def _benign_extra(root: Path) -> Path:
 def test_benign_user_files_get_no_safety_error(tmp_path):
     root = _benign_extra(tmp_path / "benign")
     report = check_dir(root, allow_pickle=True)
-    # torch.save(pickle_protocol=4/5) writes FRAMEs that torch's own weights-only unpickler refuses:
-    # torch.load(f) (weights_only=True by default) fails on them, so torch's rule refuses them here too
+    errors = _safety_errors(report)
+    assert errors == [], [(f.path, f.code, f.message) for f in errors]
+    pickles = {f.path for f in report.findings if f.code == "safety.pickle_file"}
+    assert {"adapter_model.bin", "protocol2.pt", "protocol4.pt", "tensors.pt", "rng_state.pth"} <= pickles
+    # torch.save(pickle_protocol=4/5) writes FRAMEs torch's own weights-only unpickler refuses: a warning
     framed = {"protocol4.pt", "protocol5.pt"}
     for name in framed:
         with pytest.raises(pickle.UnpicklingError, match="Unsupported operand 149"):
             torch.load(root / name, weights_only=True)
-    errors = [f for f in _safety_errors(report) if f.path not in framed]
-    assert errors == [], [(f.path, f.code, f.message) for f in errors]
-    assert {f.path for f in _safety_errors(report)} == framed
-    assert all("FRAME" in f.message for f in _safety_errors(report))
-    pickles = {f.path for f in report.findings if f.code == "safety.pickle_file"}
-    assert {"adapter_model.bin", "protocol2.pt", "tensors.pt", "rng_state.pth"} <= pickles
+    assert {f.path for f in report.findings if f.code == "safety.pickle_framed"} == framed
+
+
+def test_a_framed_pickle_with_a_payload_stays_an_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    payload = pickle_differentials.payload_pickle(f"touch {tmp_path / 'pwned'}")
+    framed = b"\x80\x04\x95" + len(payload[2:]).to_bytes(8, "little") + payload[2:]
+    (tmp_path / "model.pt").write_bytes(framed)
+    report = check_dir(tmp_path, allow_pickle=True)
+    assert "safety.pickle_dangerous" in {f.code for f in _safety_errors(report)}
+    assert "safety.pickle_framed" not in {f.code for f in report.findings}
 
 
 # -- hostile bytes: JSON only, never a traceback ---------------------------------------------------

@@ -24,9 +24,10 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
     unreadable or empty; everything else is a finding in the returned DirReport."""
     view = DirView.open(path)
     out = Collector()
-    _check_entries(view, out, allow_remote_code, allow_pickle)
+    _check_entries(view, out, allow_remote_code, allow_pickle, progress)
     if gguf_dir.is_gguf_dir(view):  # llama.cpp's deliverable: architecture and tokenizer inside the file
         gguf_dir.check_gguf_dir(view, out, deep=deep)
+        out.close()
         return DirReport(directory=str(view.root), findings=out.findings, deep=deep, bytes_read=view.bytes_read,
                          files_checked=sum(1 for e in view.entries.values() if e.kind == "file"))
     config = _check_config(view, out, allow_remote_code)
@@ -65,7 +66,7 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
 
 # -- entries: links, special files, code, pickles ------------------------------------------------
 
-def _loader_reads(view: DirView) -> dict:
+def _loader_reads(view: DirView, progress: bool = False) -> dict:
     """Every regular file read by the loaders' own code, in one bounded child process."""
     files = []
     for rel, entry in view.entries.items():
@@ -74,11 +75,12 @@ def _loader_reads(view: DirView) -> dict:
                 files.append((str(view.resolve(rel)), rel))
             except PathEscape:
                 continue
-    return read_all(files)
+    return read_all(files, progress=progress)
 
 
-def _check_entries(view: DirView, out: Collector, allow_remote_code: bool, allow_pickle: bool) -> None:
-    reads = _loader_reads(view)
+def _check_entries(view: DirView, out: Collector, allow_remote_code: bool, allow_pickle: bool,
+                   progress: bool = False) -> None:
+    reads = _loader_reads(view, progress)
     for rel, entry in view.entries.items():
         if entry.kind == "symlink" and not entry.inside:
             out.add("safety.path_escape", rel,
@@ -139,6 +141,11 @@ def _report_pickle(rel: str, scan: PickleScan, out: Collector, allow_pickle: boo
         out.add("safety.pickle_refused", rel,
                 f"torch.load(weights_only=True) would refuse it ({'; '.join(reasons)}); {loader} would run it "
                 "unchecked: convert to safetensors or remove it")
+    if scan.framed_only:
+        out.add("safety.pickle_framed", rel,
+                f"torch.load(weights_only=True) cannot read it ({scan.framed_only}); every global and call the C "
+                "unpickler reads keeps torch's rule, so only weights_only=False loads it: re-save it with "
+                "torch.save's default protocol (or convert to safetensors)")
     for message in scan.unreadable[:3]:
         out.add("safety.pickle_unreadable", rel, f"pickle cannot be read to its end ({message}): do not load this file")
     if scan.known_safe and not (named or scan.refused):

@@ -79,6 +79,7 @@ CODES: dict[str, tuple[str, str]] = {
     "safety.pickle_unknown_global": (WARNING, "a pickle outside torch's allow-list only through globals fickling knows as harmless (training_args.bin)"),
     "safety.pickle_unreadable": (ERROR, "a pickle that cannot be read to its end (truncated, corrupt, too large)"),
     "safety.archive_invalid": (ERROR, "a zip or tar holding pickles that is damaged, flagged encrypted, or a bomb (too many members, too large decompressed)"),
+    "safety.pickle_framed": (WARNING, "torch.save(pickle_protocol=4/5): torch's weights-only unpickler cannot read its FRAMEs, though every global keeps torch's rule"),
     "safety.unverifiable": (ERROR, "a file the loaders' own readers cannot read completely and unambiguously (readers disagree, a format claim its parser refuses, a reader that timed out or ran out of memory)"),
     "safety.archive_unscanned": (WARNING, "a 7z or RAR archive: no loader opens it and it is not read"),
     "safety.remote_code": (ERROR, "auto_map in a config: loading runs code from the directory"),

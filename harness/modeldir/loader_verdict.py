@@ -33,7 +33,12 @@ def merge(scan: PickleScan, read: LoaderRead | ReadFailure | None) -> PickleScan
                                    f"{', '.join(dict.fromkeys(run.full_names[:3]))}")
     only_harmless = scan.known_safe and not (scan.dangerous or scan.refused or scan.unresolved)
     if read.torch_reads and read.weights_only and not only_harmless and not scan.torch_refuses:
-        scan.torch_refuses = f"torch.load(weights_only=True) refuses it: {read.weights_only}"
+        if read.weights_only.startswith("Unsupported operand 149") and _clean(scan):
+            # torch.save(pickle_protocol=4/5): the only thing torch's weights-only unpickler lacks is
+            # FRAME; the C unpickler (what weights_only=False uses) and the replay saw torch's rule kept
+            scan.framed_only = read.weights_only
+        else:
+            scan.torch_refuses = f"torch.load(weights_only=True) refuses it: {read.weights_only}"
     found = [s.where for s in read.streams if s.read.globals or s.read.complete]
     if found or read.unverifiable:
         scan.kind = scan.kind or (read.formats[-1] if read.formats else "pickle")
@@ -41,6 +46,11 @@ def merge(scan: PickleScan, read: LoaderRead | ReadFailure | None) -> PickleScan
     for name in ("dangerous", "refused", "known_safe", "unreadable", "unverifiable"):
         setattr(scan, name, list(dict.fromkeys(getattr(scan, name))))
     return scan
+
+
+def _clean(scan: PickleScan) -> bool:
+    return not (scan.dangerous or scan.refused or scan.unresolved or scan.known_safe or scan.unreadable
+                or scan.problems or scan.unverifiable)
 
 
 def _globals(scan: PickleScan, read: LoaderRead) -> None:

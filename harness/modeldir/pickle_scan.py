@@ -35,6 +35,7 @@ class PickleScan:
     torch_refuses: str | None = None  # the container format itself is refused (legacy tar, TorchScript)
     unscanned: str | None = None
     unverifiable: list[str] = field(default_factory=list)  # the loaders' own readers disagree or fail
+    framed_only: str | None = None  # torch's weights-only unpickler refuses only its FRAMEs (protocol 4/5)
     allow_list: str = ""
 
     @property

@@ -32,15 +32,17 @@ class ReadFailure:
     reason: str  # "took longer than 60 s", "ran out of memory" ...
 
 
-def read_all(files: list[tuple[str, str]], seconds: float = READ_SECONDS,
-             memory: int = READ_MEMORY_BYTES) -> dict[str, LoaderRead | ReadFailure]:
-    """files: (absolute path, relative name). Returns rel -> LoaderRead, or ReadFailure."""
+def read_all(files: list[tuple[str, str]], seconds: float = READ_SECONDS, memory: int = READ_MEMORY_BYTES,
+             progress: bool = False) -> dict[str, LoaderRead | ReadFailure]:
+    """files: (absolute path, relative name). Returns rel -> LoaderRead, or ReadFailure. With
+    progress, a line on stderr every 2 s once reading takes longer than that."""
     _preload()
 
     results: dict[str, LoaderRead | ReadFailure] = {}
     left = list(files)
+    note = _Progress(len(files)) if progress else None
     while left:
-        got = _one_child(left, seconds, memory)
+        got = _one_child(left, seconds, memory, note)
         for rel, value in got.items():
             results[rel] = value
         left = [item for item in left if item[1] not in results]
@@ -59,7 +61,25 @@ def _preload() -> None:
             pass
 
 
-def _one_child(files: list[tuple[str, str]], seconds: float, memory: int) -> dict:
+class _Progress:
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
+        self.started = self.last = time.monotonic()
+
+    def step(self, rel: str) -> None:
+        import sys
+
+        self.done += 1
+        now = time.monotonic()
+        if now - self.last > 2:
+            self.last = now
+            print(f"\r[check-dir] read {self.done}/{self.total} files with their loaders' code ({rel})",
+                  end="", file=sys.stderr, flush=True)
+        if self.done == self.total and now - self.started > 2:
+            print(f"\r[check-dir] read {self.total} files in {now - self.started:.1f} s", file=sys.stderr, flush=True)
+
+
+def _one_child(files: list[tuple[str, str]], seconds: float, memory: int, note: _Progress | None = None) -> dict:
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
@@ -75,6 +95,8 @@ def _one_child(files: list[tuple[str, str]], seconds: float, memory: int) -> dic
                     got[rel] = ReadFailure(rel, _why(pid, seconds))
                     break
                 got[message[0]] = message[1]
+                if note is not None:
+                    note.step(message[0])
     finally:
         _reap(pid)
     return got
