@@ -16,6 +16,11 @@ local tokenizer (--prompt-lengths), both calibration methods, completions and ch
 
 Run:  .venv/bin/python benchmarks/serving/gate_error_rates.py [--vllm-python P] [--pairs 10] [--out reports]
 Writes OUT/serving-gate-error-rates.{json,md} and OUT/serving-prompt-lengths.{json,md}.
+
+--outsider: A/A only, as a user runs it against a server the harness did not start: a plain vLLM
+process of the script's own, then `python -m harness bench --endpoint URL --model NAME` and
+`python -m harness compare` as commands (default workers), 2 x --pairs benches; writes
+OUT/serving-gate-outsider.{json,md}.
 """
 
 from __future__ import annotations
@@ -110,6 +115,90 @@ def verdict_line(result) -> str:
     return ("REGRESSED: " + ", ".join(bad) if bad else "pass") + (f" (client-bound: {', '.join(client)})" if client else "")
 
 
+@contextlib.contextmanager
+def plain_vllm(vllm_python: str, model: Path, log: Path):
+    """A vLLM server as a user starts theirs: its own session, not the harness's launcher."""
+    import os
+    import signal
+    import urllib.request
+
+    from harness.serving.launcher import free_port
+
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                                 "--served-model-name", "outside-tiny", "--host", "127.0.0.1", "--port", str(port),
+                                 *BASE_FLAGS, "--max-num-seqs", str(MAX_NUM_SEQS)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        started = time.monotonic()
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() - started > 900:
+                raise SystemExit(f"the outside server did not start: {log.read_text()[-1500:]}")
+            time.sleep(1)
+        say(f"outside server up after {time.monotonic() - started:.0f} s at {base}")
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def outsider(args, out: Path) -> int:
+    runs = out / "serving-gate-outsider-runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    w = WORKLOAD
+    started = time.monotonic()
+    files, rows = [], []
+    cli = [sys.executable, "-m", "harness"]
+    with cpu_hog(args.hogs), plain_vllm(args.vllm_python, models.tiny_model_dir("qwen2"), runs / "vllm.log") as base:
+        for i in range(2 * args.pairs):
+            path = runs / f"AA-{i:02d}.json"
+            proc = subprocess.run(cli + ["bench", "--endpoint", base + "/v1", "--model", "outside-tiny",
+                                         "--concurrency", str(CONCURRENCY), "--num-prompts", str(w.num_prompts),
+                                         "--input-len", str(w.input_len), "--output-len", str(w.output_len),
+                                         "--repeats", str(REPEATS), "--seed", str(w.seed), "--out", str(path), "-q"],
+                                  capture_output=True, text=True, cwd=ROOT)
+            files.append(path)
+            say(f"outsider bench {i + 1}/{2 * args.pairs}: exit {proc.returncode} {proc.stderr.strip()[-200:]}")
+    for i in range(args.pairs):
+        base_file, cand_file = files[2 * i], files[2 * i + 1]
+        proc = subprocess.run(cli + ["compare", str(base_file), str(cand_file)], capture_output=True, text=True,
+                              cwd=ROOT)
+        data = cmp.compare(json.loads(base_file.read_text()), json.loads(cand_file.read_text()))
+        rows.append({"pair": i + 1, "exit": proc.returncode, "regressed": proc.returncode == 1,
+                     "verdict": verdict_line(data),
+                     "client_bound": sorted(c.metric for c in data.changes if c.verdict == "inconclusive (client-bound)"),
+                     "lag_p99_max_ms": max((r.get("loop_lag_ms") or {}).get("p99") or 0
+                                           for f in (base_file, cand_file) for r in json.loads(f.read_text())["runs"])})
+        say(f"pair {i + 1}: compare exit {proc.returncode}: {rows[-1]['verdict']}")
+    minutes = (time.monotonic() - started) / 60
+    regressed = sum(r["regressed"] for r in rows)
+    write_atomic(out / "serving-gate-outsider.json", {"regressed": regressed, "pairs": len(rows), "rows": rows,
+                                                       "minutes": round(minutes, 1), "hogs": args.hogs,
+                                                       "workload": w.to_json(), "machine": _machine()})
+    lines = [f"Gate A/A as an outsider (--endpoint, plain vLLM process, {args.hogs} CPU hog(s), concurrency "
+             f"{CONCURRENCY}, {REPEATS} runs per bench; {minutes:.1f} min): regressed {regressed}/{len(rows)}", "",
+             "| pair | compare exit | verdict | loop lag p99 max (ms) |", "|---|---|---|---|"]
+    lines += [f"| {r['pair']} | {r['exit']} | {r['verdict']} | {r['lag_p99_max_ms']:.1f} |" for r in rows]
+    write_text(out / "serving-gate-outsider.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--vllm-python", default=str(ROOT / ".venvs" / "vllm-0.32.0" / "bin" / "python"))
@@ -117,8 +206,12 @@ def main() -> int:
     parser.add_argument("--hogs", type=int, default=1, help="busy-loop processes beside the server (default 1)")
     parser.add_argument("--out", default=str(ROOT / "reports"))
     parser.add_argument("--no-prompt-lengths", action="store_true")
+    parser.add_argument("--outsider", action="store_true", help="A/A only, through the commands, against a plain "
+                                                                 "vLLM process (see the module doc)")
     args = parser.parse_args()
     out = Path(args.out)
+    if args.outsider:
+        return outsider(args, out)
     runs = out / "serving-gate-runs"
     runs.mkdir(parents=True, exist_ok=True)
     model = models.tiny_model_dir("qwen2")
