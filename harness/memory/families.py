@@ -186,9 +186,10 @@ def train_terms(shape, traits: FamilyTraits | None, q, act: int, logit_bytes: in
         out["step"] += masks * q.batch * q.seq_len * q.seq_len * act
     if traits.final_softcap:
         out["logits"] += 2 * tok * shape.vocab * logit_bytes
-    per_layer_norm = tok * (traits.norms_per_layer - 2) * shape.hidden * 4
+    # each RMSNorm keeps its fp32 input and its fp32 rsqrt (one value per row)
+    per_layer_norm = tok * (traits.norms_per_layer - 2) * (shape.hidden + 1) * 4
     if traits.qk_norm:
-        per_layer_norm += tok * (shape.heads + shape.kv_heads) * shape.head_dim * 4
+        per_layer_norm += tok * (shape.heads + shape.kv_heads) * (shape.head_dim + 1) * 4
     out["layer_saved"] += layers * per_layer_norm
     out["layer_transient"] += per_layer_norm
     out["layer_transient"] = max(0, out["layer_transient"])
