@@ -68,8 +68,11 @@ class TwoModelPlan:
 
 
 def _checkpoint_bytes(spec, shape) -> int:
-    """Bytes a load reads: the directory's safetensors files, else a bf16 checkpoint of the model."""
+    """Bytes a load reads: a GGUF file's size, a directory's safetensors files, else a bf16
+    checkpoint of the model."""
     path = Path(str(spec))
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path.stat().st_size
     if path.is_dir():
         files = list(path.glob("*.safetensors"))
         if files:
