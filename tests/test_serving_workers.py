@@ -121,3 +121,63 @@ def test_a_worker_killed_mid_run_leaves_its_finished_requests_and_says_so(standi
     assert 0 < dead[0]["reported"] < 20 and run["requests_lost"] == 20 - dead[0]["reported"]
     assert run["requests_ok"] == 20 + dead[0]["reported"]
     assert len(run["worker_failures"]) == 1 and f"pid {killed[0]}" in run["worker_failures"][0]
+
+
+def _bench_cli(standin, out, *extra, env=None):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "harness", "bench", "--endpoint", standin.base_url, "--model",
+                           "standin", "--num-prompts", "16", "--input-len", "8", "--output-len", "8",
+                           "--out", str(out), *extra], capture_output=True, text=True, cwd=root, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_bench_with_workers_merges_one_results_file(standin, tmp_path):
+    import json
+
+    out = tmp_path / "r.json"
+    proc = _bench_cli(standin, out, "--concurrency", "1,4", "--workers", "2", env={"HARNESS_REPORT_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    c1, c4 = data["runs"]
+    assert c1["workers"] == 1 and c4["workers"] == 2  # never more workers than slots
+    assert [w["requests"] for w in c4["client_workers"]] == [8, 8] and c4["requests_ok"] == 16
+    assert sorted(r["index"] for r in c4["requests"]) == list(range(16))
+    assert data["environment"]["client"]["workers"] == 2 and "2 client workers" in proc.stderr
+
+
+def test_bench_warns_when_the_run_asks_more_than_the_saved_calibration(standin, tmp_path):
+    import json
+
+    from harness.serving import capacity
+    from harness.serving.results import machine
+
+    saved = {"machine": capacity.machine_key(machine()), "measured": "test", "tokens_per_s": {"1": 50.0, "2": 90.0}}
+    (tmp_path / capacity.CAPACITY_FILE).write_text(json.dumps(saved))
+    out = tmp_path / "r.json"
+    proc = _bench_cli(standin, out, "--concurrency", "4", "--workers", "1", env={"HARNESS_REPORT_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    warning = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "~50 tokens/s" in warning[0] and "[calibration " in warning[0]
+    check = json.loads(out.read_text())["runs"][0]["client_capacity"]
+    # 4 streams at the warm-up's ~10 ms per token ask ~400 tokens/s of a client good for 50
+    assert check["capacity_tokens_per_s"] == 50.0 and 200 < check["predicted_tokens_per_s"] < 800
+    # another machine's calibration is not this one's: a quick estimate, said so, and no warning
+    saved["machine"]["hostname"] = "elsewhere"
+    (tmp_path / capacity.CAPACITY_FILE).write_text(json.dumps(saved))
+    proc = _bench_cli(standin, out, "--concurrency", "4", "--workers", "1", env={"HARNESS_REPORT_DIR": str(tmp_path)})
+    check = json.loads(out.read_text())["runs"][0]["client_capacity"]
+    assert check["source"].startswith("quick estimate") and check["warning"] is None
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+
+
+def test_capacity_interpolates_and_scales_past_what_was_measured():
+    from harness.serving.capacity import Capacity
+
+    cap = Capacity("t", {1: 100.0, 2: 180.0, 4: 300.0})
+    assert cap.at(2) == 180.0 and cap.at(3) == 240.0
+    assert cap.at(8) == pytest.approx(300 * (1 + 0.8 * 4 / 4))
+    assert Capacity("t", {}).at(4) is None
