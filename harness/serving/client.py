@@ -46,7 +46,7 @@ _now = time.monotonic
 class RequestSpec:
     """One request to send: the prompt and the token counts the client expects."""
 
-    prompt: str
+    prompt: str | list[int]  # text, or token ids (completions only: token_prompts.py)
     input_tokens: int  # by the client's tokenizer, special tokens included as the server adds them
     output_tokens: int  # max_tokens = min_tokens
     seed: int | None = None  # a per-request sampling seed (off by default: see request_body)
