@@ -132,3 +132,11 @@ def test_two_model_bad_input_is_one_line_exit_2(args, message):
                           text=True, cwd=ROOT)
     assert proc.returncode == 2 and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_model_directory_switch_reads_its_safetensors(tiny_model_dir, capsys):
+    out = run_json(capsys, "plan", "--config", str(tiny_model_dir), "--config", "qwen2.5-0.5b", "--budget", "6GiB",
+                   "--precision", "bf16")
+    files = sum(p.stat().st_size for p in Path(tiny_model_dir).glob("*.safetensors"))
+    assert out["switch"]["per_model"][0]["checkpoint_bytes"] == files
+    assert out["switch"]["per_model"][1]["checkpoint_bytes"] == model_shape("qwen2.5-0.5b").total_params * 2
