@@ -125,8 +125,8 @@ def _check_pickle(view: DirView, rel: str, out: Collector, allow_pickle: bool, r
 def _report_pickle(rel: str, scan: PickleScan, out: Collector, allow_pickle: bool) -> None:
     loader = "torch.load(weights_only=False), pickle.load or an old transformers"
     for reason in scan.unverifiable[:3]:
-        out.add("safety.unverifiable", rel, f"cannot be verified: {reason}; the loaders would read it differently "
-                "than it can be checked: do not load this file")
+        out.add("safety.unverifiable", rel, f"cannot be verified: {reason}; what its loader would run cannot be "
+                "vouched for: do not load this file")
     for problem in scan.problems[:3]:
         out.add("safety.archive_invalid", rel, f"{problem}: its pickles cannot be checked as a loader reads them; "
                 "do not load this file")

@@ -152,7 +152,8 @@ def _numpy(path: str, head: bytes, out: LoaderRead) -> None:
             except Exception as exc:  # noqa: BLE001
                 out.unverifiable.append(f"{info.filename}: numpy's zip reader cannot read it ({_line(exc)})")
                 continue
-            out.formats.append("npz") if "npz" not in out.formats else None
+            if "npz" not in out.formats:
+                out.formats.append("npz")
             _npy_stream(io.BytesIO(data), info.filename, out)
 
 
@@ -343,15 +344,26 @@ def _legacy_chain(fh, python: bool = False) -> list[StreamRead]:
     return runs
 
 
+def _ran_out(run: StreamRead) -> bool:
+    text = (run.error or "").lower()
+    return "truncated" in text or "ran out of input" in text or "eof" in text
+
+
 def _head(path: str, n: int) -> bytes:
     with open(path, "rb") as fh:
         return fh.read(n)
 
 
 def _torch_legacy(path: str, fh, out: LoaderRead) -> None:
-    # a probe over the first bytes first: most files stop the unpickler at their first byte
-    window = (1 << 20) if out.safe_format else MAX_RECORD_BYTES
-    probe = read_stream(io.BytesIO(_head(path, window)))
+    # a probe over the first MiB first: most files stop the unpickler at their first byte; one that
+    # runs out of bytes there is probed again over MAX_RECORD_BYTES (not for a verified safe format)
+    probe = read_stream(io.BytesIO(_head(path, 1 << 20)))
+    if not probe.complete and not probe.globals and not out.safe_format and _ran_out(probe):
+        probe = read_stream(io.BytesIO(_head(path, MAX_RECORD_BYTES)))
+    if probe.error == "ran out of memory" and not out.safe_format:
+        out.unverifiable.append("the unpickler cannot allocate what its first opcode asks for within the limit "
+                                "(a loader with more memory would read on)")
+        return
     if not probe.globals and (not probe.complete or out.safe_format):
         return  # the unpickler stops before importing anything: no loader runs code from it
     runs = _legacy_chain(fh)  # the file object, as torch.load(path) reads it
