@@ -12,8 +12,9 @@ differently, and the functions below turn each trait into the bytes autograd kee
   V to all heads and matmul saves the copies. The boolean masks become float masks of the
   activation dtype, one per layer type (full, sliding), shared by the layers.
 - final-logit soft-capping (Gemma-2, 30.0): logits / cap -> tanh -> * cap in the CausalLM forward:
-  tanh's output is saved (one more logits-sized tensor for the whole backward) and backward walks
-  the chain with one more logits-sized temporary.
+  tanh's output is saved, one more logits-sized tensor alive at the loss's backward peak (the
+  returned logits, log_softmax's saved output and the two gradients of cross-entropy's backward
+  are there for every family; the chain's own gradients come after that peak has passed).
 - q/k norms (Qwen3, Gemma-3): an RMSNorm over every query and key head; with frozen norm weights
   it keeps its fp32 input (the projection's output, otherwise not saved) for backward.
 - four RMSNorms per layer (Gemma-2/3: pre/post attention, pre/post feed-forward) instead of two:
@@ -184,8 +185,8 @@ def train_terms(shape, traits: FamilyTraits | None, q, act: int, logit_bytes: in
             out["layer_transient"] += sc * (saved + grads)
         masks = 2 if traits.sliding_layers else 1
         out["step"] += masks * q.batch * q.seq_len * q.seq_len * act
-    if traits.final_softcap:
-        out["logits"] += 2 * tok * shape.vocab * logit_bytes
+    if traits.final_softcap:  # tanh's saved output, live through the loss's backward peak
+        out["logits"] += tok * shape.vocab * logit_bytes
     # each RMSNorm keeps its fp32 input and its fp32 rsqrt (one value per row)
     per_layer_norm = tok * (traits.norms_per_layer - 2) * (shape.hidden + 1) * 4
     if traits.qk_norm:
