@@ -21,7 +21,7 @@ from typing import Sequence
 from ..errors import HarnessError
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
-METHODS = ("gptq", "awq", "rtn")  # rtn: round-to-nearest, no calibration (seconds on a CPU)
+METHODS = ("gptq", "awq")
 
 
 class QuantizeError(HarnessError):
@@ -33,7 +33,7 @@ class QuantizeJob:
     model_dir: Path
     out_dir: Path
     samples: list[list[int]]  # calibration token ids, one list per sample
-    method: str = "gptq"  # gptq | awq | rtn
+    method: str = "gptq"  # gptq | awq
     scheme: str = "W4A16"  # a compressed-tensors preset (W4A16, W4A16_ASYM, W8A16, ...)
     group_size: int | None = None  # None: the scheme's (128 for W4A16)
     ignore: tuple[str, ...] = ("lm_head",)
@@ -45,7 +45,7 @@ class QuantizeJob:
     def request(self) -> dict:
         if self.method not in METHODS:
             raise QuantizeError(f"unknown quantization method {self.method!r} (choose from {', '.join(METHODS)})")
-        if self.method != "rtn" and (not self.samples or not all(self.samples)):
+        if not self.samples or not all(self.samples):
             raise QuantizeError("no calibration samples")
         out = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
         out["ignore"] = list(self.ignore)
