@@ -87,3 +87,38 @@ def test_gemma_four_norms_keep_two_more_inputs_a_layer():
     # Gemma's norms multiply by (1 + weight), a fresh weight-sized tensor each: bytes, not activations
     small = 4 * ((4 * DIMS["num_hidden_layers"] + 1) * DIMS["hidden_size"] + 2 * DIMS["num_hidden_layers"] * DIMS["head_dim"])
     assert 0 <= (gemma3 - qwen3) - predicted <= small
+
+
+def _step_peak(cfg: dict, attn: str) -> int:
+    """Peak live bytes of one forward + backward on CPU, from the profiler's memory timeline."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import MemoryProfile
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    data = dict(cfg)
+    hf = AutoConfig.for_model(data.pop("model_type"), **data)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf, dtype=torch.float32, attn_implementation=attn).train()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.get_input_embeddings().register_forward_hook(lambda mod, i, out: out.requires_grad_(True))
+    ids = torch.randint(0, cfg["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(1))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        del out
+    live = peak = 0
+    for _t, action, _key, size in MemoryProfile(prof.profiler.kineto_results).timeline:
+        live += size if "CREATE" in str(action) else -size if "DESTROY" in str(action) else 0
+        peak = max(peak, live)
+    return peak
+
+
+def test_final_softcapping_raises_the_step_peak_by_one_logits_tensor():
+    """Not two: cross-entropy's own gradients are freed before the soft-cap chain's come."""
+    big_vocab = dict(GEMMA2, vocab_size=32000, num_hidden_layers=1, attn_logit_softcapping=None)
+    capped = _step_peak(dict(big_vocab, final_logit_softcapping=30.0), "eager")
+    plain = _step_peak(dict(big_vocab, final_logit_softcapping=None), "eager")
+    one_copy = SEQ * 32000 * 4
+    assert abs((capped - plain) - one_copy) <= 0.01 * one_copy
+    assert terms(dict(big_vocab, final_logit_softcapping=30.0))["logits"] == one_copy
