@@ -43,7 +43,7 @@ from harness.serving.workload import Workload  # noqa: E402
 CONCURRENCIES = (1, 16, 64, 128, 256)
 PROMPTS = {1: 32, 16: 128, 64: 256, 128: 512, 256: 1024}
 INPUT_LEN, OUTPUT_LEN = 512, 128
-GATE_WORKLOAD = Workload(input_len=256, output_len=64, num_prompts=96, seed=5)
+GATE_WORKLOAD = Workload(input_len=256, output_len=64, num_prompts=64, seed=5)
 GATE_CONCURRENCY, GATE_REPEATS = 32, 3
 # The gate's servers, eager (a start costs ~40 s, not ~100): B holds half of A's batch at the
 # gate's concurrency, a real slowdown of every decode step.
@@ -177,9 +177,17 @@ def gate_table(a_files: list[Path], b_files: list[Path], pairs: int) -> dict:
 def gate_step(model_dir: Path, model: str, out: Path, pairs: int, deadline: float) -> None:
     a_files, b_files, gate_dir = [], [], out / "gate"
     gate_dir.mkdir(exist_ok=True)
+    from gpu_startups import cuda_memory
+
     for side, flags, n, files in (("A", GATE_A, 2 * pairs, a_files), ("B", GATE_B, pairs, b_files)):
+        free, total = cuda_memory()
+        started = time.monotonic()
         with launch_vllm(sys.executable, model_dir, flag_args(flags), log_dir=out / "logs",
                          served_model_name=model, startup_timeout_s=240) as server:
+            # each gate server is one more real start-up for the plan to be checked against
+            append(out / "startups.json", startup_record(f"gate-{side}", model_dir, flags, True, "started",
+                                                         round(time.monotonic() - started, 1), None, 0,
+                                                         server.log_text(), free, total))
             for i in range(n):
                 if time.monotonic() > deadline - (15 if side == "B" else 100):
                     break

@@ -23,20 +23,23 @@ case $cmd in
     dl .vx/wheels pytest-html==4.2.0 pytest-metadata==3.1.1
     # llm-compressor needs compressed-tensors 0.19 (vLLM 0.26 pins 0.17): its own --target dir there
     dl .vx/lc llmcompressor==0.14.0.1 compressed-tensors==0.19.0 auto-round==0.15.1 datasets==5.2.0 multiprocess==0.70.19
+    # the tree every step runs from there (/tmp/snap): HEAD, so helpers' half-made edits never travel into a run
+    git archive --format=tar.gz -o .vx/tree.tgz HEAD
     du -sh .vp .vx ;;
   calls)
     n=$(ls .vp/part.* 2>/dev/null | wc -l); [ "$n" -gt 0 ] || { echo "no .vp/part.*: run '$0 parts $ver' first"; exit 2; }
-    s="bash scripts/gpu/vllm_steps.sh"
-    echo "carry=.vx,.whl | $s extras; $s families   (families.sh only if committed; .whl = bitsandbytes, ~43 MB)"
+    s="cd /tmp/snap && bash scripts/gpu/vllm_steps.sh"
+    echo "carry=.vx,.whl | mkdir -p /tmp/snap && tar xzf .vx/tree.tgz -C /tmp/snap && cp -r .vx .whl /tmp/snap/ && $s begin"
     last=$(ls .vp/part.* | tail -1)
     for p in .vp/part.*; do
-      if [ "$p" = "$last" ]; then echo "carry=$p,.vp/payload.sha | $s install"; else echo "carry=$p | $s carry"; fi
+      if [ "$p" = "$last" ]; then
+        echo "carry=$p,.vp/payload.sha | bash /tmp/snap/scripts/gpu/vllm_on_device.sh .vp install && $s after-install"
+      else echo "carry=$p | bash /tmp/snap/scripts/gpu/vllm_on_device.sh .vp"; fi
     done
-    echo "carry= | GPTQ=1 $s models && $s wait-families 300"
-    echo "carry= | $s startups eager            (8 start-ups to the KV-cache line, ~40 s each)"
-    echo "carry= | $s startups graphs && $s serving bench   (s06, then A = s05 served: bench sweep)"
-    echo "carry= | $s serving gate              (A/A and A/B, 10 pairs, both policies)"
-    echo "carry= | $s suite                     (pytest suites/serving --vllm-python python3)"
+    echo "carry= | $s wait-families 200 && STARTUPS_LIMIT_S=330 $s startups eager   (to the KV-cache line, ~40 s each)"
+    echo "carry= | SERVING_LIMIT_S=420 $s serving bench   (s05 with CUDA graphs: harness bench beside vllm bench serve)"
+    echo "carry= | SERVING_LIMIT_S=400 $s serving gate    (A/A and A/B, 10 pairs, both policies)"
+    echo "carry= | SUITE_LIMIT_S=<what is left> $s suite (pytest suites/serving --vllm-python python3)"
     echo "then: give the machine back; unpack each call's vres.tgz; scripts' JSON -> benchmarks/vllm_plan/measured/" ;;
   *) echo "usage: $0 parts|calls [VERSION]"; exit 2 ;;
 esac

@@ -3,6 +3,9 @@
 # (scripts/gpu/vllm.sh prints the whole sequence; docs/gpu.md explains it):
 #   bash scripts/gpu/vllm_steps.sh STEP [ARGS]
 # Steps:
+#   begin             the first call: extras, families and models (run from /tmp/snap, the tree of
+#                     .vx/tree.tgz: a committed state, not whatever the checkout held at call time)
+#   after-install     the quantize chain's GPTQ and the client's stand-in capacity, both in the background
 #   extras            carried .vx/: pytest-html + pytest-metadata -> /tmp/site, llm-compressor -> /tmp/lcsite
 #   families          .whl/ (bitsandbytes) -> /tmp/site, then scripts/gpu/families.sh in the background
 #                     (setsid, from a snapshot of the tree, FAMILIES_OUT=/tmp/families-out)
@@ -33,6 +36,12 @@ pack() {
 }
 
 case $step in
+  begin)
+    bash "$0" extras && bash "$0" families && bash "$0" models; exit $? ;;
+  after-install)
+    (GPTQ_TIMEOUT=${GPTQ_TIMEOUT:-170} setsid bash "$0" gptq > $R/gptq.txt 2>&1 < /dev/null &)
+    (setsid timeout 240 python3 benchmarks/serving/client_capacity.py --out $R/capacity > $R/capacity.txt 2>&1 < /dev/null &)
+    echo "gptq and client capacity started" ;;
   extras)
     pip_target /tmp/site .vx/wheels/*.whl && echo "extras -> /tmp/site"
     pip_target /tmp/lcsite .vx/lc/*.whl && echo "llm-compressor -> /tmp/lcsite"
@@ -79,6 +88,10 @@ case $step in
     [ -f /tmp/families-out.tar.gz ] || { [ -d /tmp/families-out ] && tar czf /tmp/families-out.tar.gz -C /tmp families-out; }
     tail -3 /tmp/families.log 2>/dev/null ;;
   startups)
+    # nothing else may hold GPU memory while vLLM profiles it: the model builds and the GPTQ first
+    for i in $(seq 1 ${MODELS_WAIT_S:-200}); do grep -q '"model": "w4a16"' $R/models.txt 2>/dev/null && \
+      ! pgrep -f "gpu_models.py" >/dev/null && break; sleep 1; done
+    pkill -9 -f "gpu_models.py" 2>/dev/null; grep '^{' $R/models.txt | cut -c1-200
     python3 benchmarks/vllm_plan/gpu_startups.py --models /tmp/vmodels --out $R/startups.json --group "${1:-eager}" \
       --time-limit-s ${STARTUPS_LIMIT_S:-500} 2>&1 | tee -a $R/startups.txt | grep -E "^s[0-9]+ |skipped" ;;
   serving)
