@@ -28,18 +28,18 @@ case $cmd in
     du -sh .vp .vx ;;
   calls)
     n=$(ls .vp/part.* 2>/dev/null | wc -l); [ "$n" -gt 0 ] || { echo "no .vp/part.*: run '$0 parts $ver' first"; exit 2; }
-    s="cd /tmp/snap && bash scripts/gpu/vllm_steps.sh"
-    echo "carry=.vx,.whl | mkdir -p /tmp/snap && tar xzf .vx/tree.tgz -C /tmp/snap && cp -r .vx .whl /tmp/snap/ && $s begin"
+    c="cd /tmp/snap &&"; s="bash scripts/gpu/vllm_steps.sh"
+    echo "carry=.vx,.whl | mkdir -p /tmp/snap && tar xzf .vx/tree.tgz -C /tmp/snap && cp -r .vx .whl /tmp/snap/ && $c $s begin"
     last=$(ls .vp/part.* | tail -1)
     for p in .vp/part.*; do
       if [ "$p" = "$last" ]; then
-        echo "carry=$p,.vp/payload.sha | bash /tmp/snap/scripts/gpu/vllm_on_device.sh .vp install && $s after-install"
+        echo "carry=$p,.vp/payload.sha | bash /tmp/snap/scripts/gpu/vllm_on_device.sh .vp install && $c $s after-install"
       else echo "carry=$p | bash /tmp/snap/scripts/gpu/vllm_on_device.sh .vp"; fi
     done
-    echo "carry= | $s wait-families 200 && STARTUPS_LIMIT_S=330 $s startups eager   (to the KV-cache line, ~40 s each)"
-    echo "carry= | SERVING_LIMIT_S=420 $s serving bench   (s05 with CUDA graphs: harness bench beside vllm bench serve)"
-    echo "carry= | SERVING_LIMIT_S=400 $s serving gate    (A/A and A/B, 10 pairs, both policies)"
-    echo "carry= | SUITE_LIMIT_S=<what is left> $s suite (pytest suites/serving --vllm-python python3)"
+    echo "carry= | $c $s wait-families 200 && STARTUPS_LIMIT_S=330 $s startups eager   (to the KV-cache line, ~40 s each)"
+    echo "carry= | $c SERVING_LIMIT_S=420 $s serving bench   (s05 with CUDA graphs: harness bench beside vllm bench serve)"
+    echo "carry= | $c SERVING_LIMIT_S=400 $s serving gate    (A/A and A/B, 10 pairs, both policies)"
+    echo "carry= | $c SUITE_LIMIT_S=<what is left> $s suite (pytest suites/serving --vllm-python python3)"
     echo "then: give the machine back; unpack each call's vres.tgz; scripts' JSON -> benchmarks/vllm_plan/measured/" ;;
   *) echo "usage: $0 parts|calls [VERSION]"; exit 2 ;;
 esac
