@@ -1,7 +1,8 @@
 """Where did the NaN come from: locate non-finite values, guard training, inject faults.
 
 Exports first_nonfinite, nonfinite_in_cache, nonfinite_tensors, check_labels (locate), TrainingGuard
-and NanGuardCallback (guard); modules inject, twomodels (two models on one GPU) and lora hold the rest.
+and NanGuardCallback (guard), NanGuardTrainerCallback (the guard as a transformers.TrainerCallback
+subclass, imported on first use); modules inject, twomodels (two models on one GPU) and lora hold the rest.
 """
 
 from .guard import GuardConfig, NanGuardCallback, TrainingGuard, load_last_good
@@ -25,4 +26,15 @@ __all__ = [
     "IGNORE_INDEX", "NonFinite", "CacheFinding", "LabelProblem", "NonFiniteError", "BadLabelsError",
     "first_nonfinite", "nonfinite_in_cache", "nonfinite_tensors", "check_labels", "require_labels_ok",
     "tensor_stats", "count_targets", "GuardConfig", "TrainingGuard", "NanGuardCallback", "load_last_good",
+    "NanGuardTrainerCallback",
 ]
+
+
+def __getattr__(name: str):
+    """NanGuardTrainerCallback (a transformers.TrainerCallback subclass) imports transformers:
+    only when asked for."""
+    if name == "NanGuardTrainerCallback":
+        from .hf_callback import NanGuardTrainerCallback
+
+        return NanGuardTrainerCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
