@@ -50,6 +50,19 @@ def test_known_timing_is_measured(standin, api):
     assert run["ttft_ms"]["count"] == 8 and run["ttft_ms"]["p50"] <= run["ttft_ms"]["max"]
 
 
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_ttft_is_the_first_token_even_when_it_decodes_to_nothing(standin, api):
+    """vLLM's bench and the server's TTFT histogram count the first token, visible or not; the
+    first visible text comes FAULT_AFTER_TOKENS intervals later here."""
+    from harness.serving.standin import FAULT_AFTER_TOKENS
+
+    load = _load(standin, "standin-invisible", n=4, concurrency=4, api=api, out=8)
+    for r in load.records:
+        assert r.ok and len(r.chunk_s) == 8 - FAULT_AFTER_TOKENS
+        assert TTFT_MS * 0.95 <= 1000 * r.ttft_s <= TTFT_MS + INTERVAL_MS + 150
+        assert r.chunk_s[0] - r.first_token_s >= (FAULT_AFTER_TOKENS - 0.5) * INTERVAL_MS / 1000
+
+
 @pytest.mark.parametrize("model, label", [
     ("standin-http500", "http_500"),
     ("standin-error-frame", "error_frame"),

@@ -64,6 +64,10 @@ class RequestRecord:
     sent_s: float = 0.0
     end_s: float = 0.0
     chunk_s: list[float] = field(default_factory=list)  # arrival of each chunk carrying content
+    # Arrival of the first frame carrying a choice, visible text or not: the first token, as vLLM's
+    # bench and the server's own TTFT histogram count it (a random model's tokens often decode to
+    # nothing; its first visible text can come many tokens later).
+    first_token_s: float | None = None
     status: int | None = None
     error: str | None = None  # a failure class (http_<status>, error_frame, ...) or None
     error_detail: str | None = None
@@ -91,7 +95,8 @@ class RequestRecord:
 
     @property
     def ttft_s(self) -> float | None:
-        return self.chunk_s[0] - self.sent_s if self.chunk_s else None
+        first = self.first_token_s if self.first_token_s is not None else (self.chunk_s[0] if self.chunk_s else None)
+        return None if first is None else first - self.sent_s
 
     @property
     def e2e_s(self) -> float:
@@ -163,6 +168,13 @@ def server_reason(body: str, limit: int = 500) -> str:
     return " ".join(text.split())[:limit] or "(empty body)"
 
 
+def _carries_token(frame: dict) -> bool:
+    """A completions choice, or a chat delta that is not the role announcement (an OpenAI server
+    may send that before any token; vLLM sends it with the first one)."""
+    return any("text" in c or ("delta" in c and "role" not in (c.get("delta") or {}))
+               for c in frame.get("choices") or ())
+
+
 def _chunk_text(frame: dict) -> str:
     text = ""
     for choice in frame.get("choices") or ():
@@ -225,6 +237,8 @@ async def send_one(
                         if message is not None:
                             record.error, record.error_detail = "error_frame", str(message)[:300]
                             return record
+                        if record.first_token_s is None and _carries_token(frame):
+                            record.first_token_s = now
                         text = _chunk_text(frame)
                         if text:
                             record.chunk_s.append(now)

@@ -11,6 +11,8 @@ streams) can be measured. It serves several model names, each a behaviour:
   standin-drop          a few tokens, then the connection is cut (a crash mid-stream)
   standin-no-done       every token, then the stream ends without [DONE]
   standin-stall         a few tokens, then silence (a hung engine) until the client gives up
+  standin-invisible     a well-behaved stream whose first few tokens decode to nothing (empty
+                        text, as a random model's ids past its tokenizer do)
 
 Any other model name gets a 404 as vLLM answers it. /metrics exposes vLLM-named counters.
 
@@ -36,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-MODELS = ("standin", "standin-http500", "standin-error-frame", "standin-drop", "standin-no-done", "standin-stall")
+MODELS = ("standin", "standin-http500", "standin-error-frame", "standin-drop", "standin-no-done", "standin-stall",
+          "standin-invisible")
 FAULT_AFTER_TOKENS = 3
 SPECIAL_TOKENS = 1  # a BOS on completion prompts
 CHAT_TEMPLATE_TOKENS = 5
@@ -149,7 +152,8 @@ def make_app(ttft_s: float, interval_s: float, seed: int = 0, tokenize: bool = F
                         return resp
                     if model == "standin-stall":
                         await asyncio.sleep(3600)
-                await resp.write(frame(f" t{i}", "length" if i == n - 1 else None))
+                invisible = model == "standin-invisible" and i < FAULT_AFTER_TOKENS
+                await resp.write(frame("" if invisible else f" t{i}", "length" if i == n - 1 else None))
                 stats.generation_tokens += 1
             usage = {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n}
             await resp.write(b"data: " + json.dumps({"object": "chunk", "choices": [], "usage": usage}).encode() + b"\n\n")
