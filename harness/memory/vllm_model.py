@@ -34,6 +34,7 @@ class ModelFacts:
     stored_weights_bytes: int | None = None  # from safetensors headers (checkpoint as stored)
     not_modelled: str = ""  # an architecture feature the plan does not model (MoE, MLA, sliding window)
     max_len_limit: int | None = None  # the longest max_model_len vLLM accepts (its "derived max_model_len")
+    architecture: str = ""  # config.json's architectures[0] (vLLM picks its model runner by it)
 
     @property
     def padded_vocab(self) -> int:
@@ -109,7 +110,7 @@ def model_facts(spec: str | Path | dict) -> ModelFacts:
         max_position=int(config.get("max_position_embeddings") or 4096), rotary_dim=rotary_dim,
         config_dtype=dtype, params=shape.total_params, linears=linears, quantization=quant,
         group_size=group, weight_bits=bits, stored_weights_bytes=stored, not_modelled=", ".join(features),
-        max_len_limit=derived_max_len(config),
+        max_len_limit=derived_max_len(config), architecture=str((config.get("architectures") or [""])[0]),
     )
 
 

@@ -15,13 +15,22 @@ vLLM sizes its KV cache once, at start-up (read from its source, per version ran
   logged). Sampler: requests x vocab x 37.5 bytes (fp16 logits, their fp32 copy, sort values and
   int64 indices of top-p/top-k, softmax buffers; measured from two logs that differ only in
   max_num_seqs: (1.78 - 1.61) GiB / (32 x 151936)); with FlashInfer's sampler ~14.5 bytes (one
-  log: 0.45 GiB for 256 x 128256 logits); the V2 model runner's dummy sampler skips top-k/top-p:
-  ~6 bytes (the logits in both dtypes). Kernels that dequantize a whole weight (AWQ/GPTQ before
+  log: 0.45 GiB for 256 x 128256 logits); the V2 model runner's dummy sampler skips top-k/top-p
+  and works on the logits in place (Triton kernels; the Gumbel-max sample allocates nothing of
+  that size): 2 bytes, the logits in the model's dtype (0.26.0 on the H200: 1024 x 151936 logits
+  and a 0.54 GiB peak, below their fp32 copy alone). Kernels that dequantize a whole weight (AWQ/GPTQ before
   sm80, bitsandbytes) add the largest layer in fp16. The larger of forward and sampler counts:
   the forward's tensors are freed before the sampler runs, except the hidden states.
 - non-torch and what else is counted depends on the version (see REGIMES below).
-- CUDA graphs are captured after the KV cache is allocated; from 0.20 vLLM first estimates their
-  memory and subtracts it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default).
+- CUDA graphs are captured after the KV cache is allocated; from 0.20 the V1 model runner first
+  estimates their memory and subtracts it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default);
+  the V2 runner's estimate is 0 (`profile_cudagraph_memory` returns 0 in 0.22-0.26), so there
+  they come out of the headroom outside the utilization.
+- The model runner (vLLM's `VllmConfig.use_v2_model_runner`): V2 from 0.25 for every generate
+  model that is not a mixture of experts (and for the MoE architectures it lists), from 0.22 to
+  0.24 only for the architectures listed (V2_ARCHITECTURES), V1 otherwise, and V1 without Triton
+  (the CPU build). In the V2 runner the non-torch growth over load and profile was 0.22 GiB on the
+  H200 (0.26.0: Triton kernels loaded during the profile), not V1's 0.01-0.09.
 
 Then the KV cache must hold one request of max_model_len, or vLLM refuses to start; V1 (from
 0.9) also refuses when the free memory at start is below utilization x total.
@@ -56,7 +65,7 @@ DEFAULT_VERSION = "0.32"
 OLDEST_VERSION, NEWEST_VERSION = (0, 5, 0), (0, 33, 99)  # the releases these rules were read from
 
 # The dummy sampler's bytes per (request x vocabulary) element, see the module docstring.
-SAMPLER_BYTES = {"v0": 37.5, "v1": 37.5, "v1-flashinfer": 14.5, "v2": 6.0}
+SAMPLER_BYTES = {"v0": 37.5, "v1": 37.5, "v1-flashinfer": 14.5, "v2": 2.0}
 # Device memory in use by this process before vLLM's first snapshot (CUDA context, cuBLAS
 # handles): 0.41-0.49 GiB in the V1 logs' "Free memory on device (x/y)" lines.
 CUDA_CONTEXT_BYTES = int(0.45 * GiB)
@@ -65,6 +74,16 @@ CUDA_CONTEXT_BYTES = int(0.45 * GiB)
 NON_TORCH_PROFILED = int(0.05 * GiB)
 NON_TORCH_WITH_CONTEXT = int(0.35 * GiB)
 NON_TORCH_CONSUMED = int(0.25 * GiB)
+NON_TORCH_V2_PROFILED = int(0.22 * GiB)  # 0.26.0's V2 runner on the H200 (benchmarks/vllm_plan/measured/)
+# The architectures vLLM runs on the V2 model runner by default before 0.25 made it the default
+# for every model that is not a mixture of experts (vllm/config/vllm.py, per release); from 0.25
+# on, the MoE ones listed there still get it.
+V2_ARCHITECTURES = {
+    (0, 22): frozenset(),
+    (0, 24): frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
+                        "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}),
+    (0, 25): frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "Qwen2MoeForCausalLM"}),
+}
 # Memory of the captured CUDA graphs (logs: 0.17-1.1 GiB; LoRA and long capture lists at the top).
 CUDA_GRAPH_BYTES = int(0.3 * GiB)
 CPU_BLOCK_SIZE = 128
@@ -176,6 +195,15 @@ class EngineSettings:
     sampler: str
 
 
+def uses_v2_runner(facts: ModelFacts, v: tuple[int, int, int]) -> bool:
+    """vLLM 0.22-0.26's default model runner for this model on a GPU (see the module docstring)."""
+    if v < (0, 22):
+        return False
+    listed = V2_ARCHITECTURES[max(k for k in V2_ARCHITECTURES if k <= v[:2])]
+    moe = "mixture of experts" in facts.not_modelled
+    return facts.architecture in listed or (v >= (0, 25) and not moe)
+
+
 def resolve_engine_settings(facts: ModelFacts, q: VllmQuery) -> EngineSettings:
     v = parse_version(q.vllm_version)
     quant = q.quantization if q.quantization is not None else facts.quantization
@@ -200,7 +228,7 @@ def resolve_engine_settings(facts: ModelFacts, q: VllmQuery) -> EngineSettings:
         runner = "v0"
         regime = "free-delta" if v < (0, 6, 4) else "absolute" if v < (0, 6, 5) else "profiled"
     else:
-        runner = "v2" if v >= (0, 27) else "v1"
+        runner = "v2" if v >= (0, 27) or uses_v2_runner(facts, v) else "v1"
         regime = "absolute" if v < (0, 9) else "profiled" if v < (0, 27) else "consumed"
     # vLLM downcasts float32 checkpoints to bf16 (fp16 before sm80) unless told --dtype float32
     act_bytes = 4 if q.dtype == "fp32" else 2
@@ -365,7 +393,7 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, EngineSettings]:
     elif s.regime == "absolute":
         non_torch = NON_TORCH_WITH_CONTEXT + q.other_process_bytes + lora_bytes
     elif s.regime == "profiled":
-        non_torch = NON_TORCH_PROFILED
+        non_torch = NON_TORCH_V2_PROFILED if s.runner == "v2" else NON_TORCH_PROFILED
         if s.engine == "v1":
             weights_counted += lora_bytes  # V1 creates the LoRA slots inside "Model loading"
         elif s.version < (0, 7):
@@ -376,7 +404,8 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, EngineSettings]:
     else:
         non_torch = NON_TORCH_CONSUMED
         weights_counted += lora_bytes
-    subtracted_graphs = graphs if (s.version >= (0, 20) and s.engine == "v1") else 0
+    subtracted_graphs = graphs if (s.version >= (0, 20) and s.engine == "v1"
+                                   and (s.runner == "v1" or s.version >= (0, 27))) else 0
     kv = requested - (weights_counted + act + non_torch + subtracted_graphs)
     per_token = kv_bytes_per_token(facts, s.kv_bytes)
     bytes_per_block = per_token * q.block_size
