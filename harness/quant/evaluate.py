@@ -86,7 +86,9 @@ def greedy_ids(model, prompts: list[list[int]], max_new_tokens: int = MAX_NEW_TO
     return out
 
 
-def _run_here(model_dir, rows, prompts, device: str):
+def outputs_here(model_dir, rows, prompts, device: str = "cpu", max_new_tokens: int = MAX_NEW_TOKENS):
+    """(fp32 logits on `rows`, greedy continuation ids of each prompt) of a model directory, in
+    this process (its transformers and compressed-tensors)."""
     import torch
 
     from ..models import load_model
@@ -95,7 +97,7 @@ def _run_here(model_dir, rows, prompts, device: str):
     with torch.no_grad():
         logits = torch.cat([model(torch.tensor(rows[i:i + 4], device=model.device)).logits.float().cpu()
                             for i in range(0, len(rows), 4)])
-    answers = greedy_ids(model, prompts)
+    answers = greedy_ids(model, prompts, max_new_tokens)
     del model
     return logits, answers
 
@@ -119,8 +121,8 @@ def compare_models(base_dir, quantized_dir, text: str | None = None, text_name: 
         if progress:
             print(f"[drift] {len(rows)} rows x {seq_len} tokens and {len(prompts)} prompts through each model ...",
                   file=sys.stderr, flush=True)
-        ref, ref_answers = _run_here(base_dir, rows, p_ids, device)
-        quant, quant_answers = _run_here(quantized_dir, rows, p_ids, device)
+        ref, ref_answers = outputs_here(base_dir, rows, p_ids, device)
+        quant, quant_answers = outputs_here(quantized_dir, rows, p_ids, device)
     result = drift(ref, quant, rows, gate=gate)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     answers = [Answer(p, decode(a), decode(b)) for p, a, b in zip(prompts, ref_answers, quant_answers)]

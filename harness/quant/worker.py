@@ -4,7 +4,7 @@ It imports nothing from the harness (that venv has llm-compressor's own transfor
 compressed-tensors, not the harness), reads one JSON request, prints progress lines, and writes
 one JSON result per job:
 
-- quantize: model_dir -> out_dir with llm-compressor's oneshot (GPTQ or AWQ, a preset scheme such
+- quantize: model_dir -> out_dir with llm-compressor's oneshot (GPTQ, AWQ or RTN, a preset scheme such
   as W4A16), calibrated on the token ids given; the tokenizer files are copied.
 - logits: a model directory's logits on token ids, through this venv's transformers and
   compressed-tensors (the pair that wrote the checkpoint), saved as safetensors.
@@ -73,6 +73,10 @@ def _modifier(req: dict):
         if req.get("actorder"):
             kwargs["actorder"] = req["actorder"]
         return GPTQModifier(**kwargs)
+    if method == "rtn":  # round-to-nearest: no calibration, seconds on a CPU
+        from llmcompressor.modifiers.quantization import QuantizationModifier
+
+        return QuantizationModifier(**kwargs)
     if method == "awq":
         from llmcompressor.modifiers.awq import AWQModifier
 
@@ -80,7 +84,7 @@ def _modifier(req: dict):
             kwargs["n_grid"] = int(req["awq_n_grid"])
         _no_pinning_without_accelerator()
         return AWQModifier(**kwargs)
-    raise SystemExit(f"unknown method {method!r} (gptq or awq)")
+    raise SystemExit(f"unknown method {method!r} (gptq, awq or rtn)")
 
 
 def _no_pinning_without_accelerator() -> None:
@@ -107,7 +111,7 @@ def quantize(req: dict) -> dict:
     device = req.get("device", "cpu")
     src, out = Path(req["model_dir"]), Path(req["out_dir"])
     samples = req["samples"]
-    seq_len = max(len(s) for s in samples)
+    seq_len = max((len(s) for s in samples), default=0)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     say(f"loading {src} ({req.get('dtype', 'auto')}) on {device}")
@@ -115,10 +119,14 @@ def quantize(req: dict) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}.get(req.get("dtype"), "auto")
     model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, device_map={"": device})
     loaded = time.monotonic()
-    say(f"{req['method'].upper()} {req.get('scheme', 'W4A16')} on {len(samples)} samples x {seq_len} tokens")
-    oneshot(model=model, dataset=_dataset(samples), recipe=[_modifier(req)], max_seq_length=seq_len,
-            num_calibration_samples=len(samples), shuffle_calibration_samples=False,
-            pipeline=req.get("pipeline", "independent"))
+    if req["method"].lower() == "rtn":
+        say(f"RTN {req.get('scheme', 'W4A16')} (no calibration data)")
+        oneshot(model=model, recipe=[_modifier(req)], pipeline="datafree")
+    else:
+        say(f"{req['method'].upper()} {req.get('scheme', 'W4A16')} on {len(samples)} samples x {seq_len} tokens")
+        oneshot(model=model, dataset=_dataset(samples), recipe=[_modifier(req)], max_seq_length=seq_len,
+                num_calibration_samples=len(samples), shuffle_calibration_samples=False,
+                pipeline=req.get("pipeline", "independent"))
     quantized = time.monotonic()
     say(f"saving compressed checkpoint to {out}")
     out.mkdir(parents=True, exist_ok=True)

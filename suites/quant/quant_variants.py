@@ -53,10 +53,17 @@ def config_from_a_w8_export(quantized, chain, out):
     _edit_config(out, lambda c: _weights(c).update(num_bits=8))
 
 
+def _not_dividing(config: dict) -> int:
+    """An even group size that does not divide some layer's input (96 for the tiny model's 256 and
+    512; 80 for SmolLM2's 576 and 1536, which 96 divides)."""
+    inputs = [config["hidden_size"], config.get("intermediate_size") or config["hidden_size"]]
+    return next(g for g in (96, 80, 112, 48) if any(n % g for n in inputs))
+
+
 def group_size_not_dividing(quantized, chain, out):
-    """A group size that does not divide the layers' inputs (96 for inputs of 256 and 512)."""
+    """A group size that does not divide the layers' inputs."""
     _copy(quantized, "gptq", out)
-    _edit_config(out, lambda c: _weights(c).update(group_size=96))
+    _edit_config(out, lambda c: _weights(c).update(group_size=_not_dividing(c)))
 
 
 def scale_dropped(quantized, chain, out):
@@ -78,11 +85,12 @@ def _with_group_order(quantized, out):
 
     _copy(quantized, "gptq", out)
     _edit_config(out, lambda c: _weights(c).update(actorder="group"))
+    group = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"]
 
     def edit(t):
         for name in [k for k in t if k.endswith(".weight_shape")]:
             in_features = int(t[name][1])
-            t[name.replace(".weight_shape", ".weight_g_idx")] = torch.arange(in_features, dtype=torch.int32) // 128
+            t[name.replace(".weight_shape", ".weight_g_idx")] = torch.arange(in_features, dtype=torch.int32) // group
 
     _edit_tensors(out, edit)
 
@@ -128,7 +136,7 @@ class Variant:
 VARIANTS = [
     Variant("config.json of the merged model", base_config_copied, "quant.missing_config"),
     Variant("config from a W8A16 export", config_from_a_w8_export, "quant.packed_tensor"),
-    Variant("group size 96 does not divide the inputs", group_size_not_dividing, "quant.group_size"),
+    Variant("a group size that does not divide the inputs", group_size_not_dividing, "quant.group_size"),
     Variant("one layer's scales dropped", scale_dropped, "quant.scales"),
     Variant("AWQ zero points dropped", zero_points_dropped, "quant.zero_points"),
     Variant("GPTQ actorder group (older export)", actorder_group, "quant.unsupported_scheme"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.modeldir import check_dir
-from harness.quant import DEFAULT_MAX_MEAN_KL, drift, worker_logits
+from harness.quant import drift, worker_logits
 
 FORMATS = ["gptq", "awq"]  # the chain's checkpoints; gptq-actorder-group is a variant (test_2)
 
@@ -20,12 +20,12 @@ def test_finetune_merges_and_passes_check_dir(chain, record):
     record(losses=[round(x, 4) for x in chain.losses], finetune_merge_s=chain.seconds)
 
 
-def test_quantize_step_runs_in_its_own_venv(quantized, record):
+def test_quantize_step_runs_in_its_own_venv(quantized, group_size, record):
     gptq = quantized.results["gptq"]
     qcfg = gptq.quantization_config
     weights = qcfg["config_groups"]["group_0"]["weights"]
     assert qcfg["quant_method"] == "compressed-tensors" and qcfg["format"] == "pack-quantized"
-    assert (weights["num_bits"], weights["group_size"], weights["symmetric"]) == (4, 128, True)
+    assert (weights["num_bits"], weights["group_size"], weights["symmetric"]) == (4, group_size, True)
     assert qcfg["ignore"] == ["lm_head"]
     awq = quantized.results["awq"].quantization_config["config_groups"]["group_0"]["weights"]
     assert awq["symmetric"] is False  # W4A16_ASYM: zero points stored
@@ -49,13 +49,13 @@ def test_quantized_dir_passes_check_dir(quantized, chain, name, record):
     assert stored < merged  # the embedding (tied lm_head) stays bf16: on this tiny model it dominates
 
 
-def test_stored_weights_are_what_estimate_predicts(quantized):
+def test_stored_weights_are_what_estimate_predicts(quantized, group_size):
     """Every tensor of the GPTQ checkpoint, to the byte: packed + scales + shapes per Linear, bf16 rest."""
     from harness.memory import estimate as E
 
     out = quantized.dir("gptq")
     shape = E.model_shape(out)  # from config.json (the directory is quantized)
-    predicted = sum(g.count * E.w4a16_linear_bytes(g.in_features, g.out_features, rounded=False)
+    predicted = sum(g.count * E.w4a16_linear_bytes(g.in_features, g.out_features, group_size, rounded=False)
                     for g in shape.linears)
     predicted += 2 * (shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params)
     from harness.modeldir.safetensors_header import read_header
@@ -67,8 +67,8 @@ def test_stored_weights_are_what_estimate_predicts(quantized):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-def test_drift_against_the_merged_model(logits, eval_ids, name, record):
-    result = drift(logits["merged"], logits[name], eval_ids)
+def test_drift_against_the_merged_model(logits, eval_ids, name, drift_gate, record):
+    result = drift(logits["merged"], logits[name], eval_ids, gate=drift_gate)
     print(f"{name}: {result.verdict()}")
     record(**{k: v for k, v in result.to_dict().items()})
     record.row("quant: drift against the merged model", {"checkpoint": name, "mean_kl": round(result.mean_kl, 6),
@@ -79,31 +79,19 @@ def test_drift_against_the_merged_model(logits, eval_ids, name, record):
     assert result.mean_kl > 0  # the quantizer changed something: the figure is not a copy
 
 
-def test_drift_gate_fails_a_broken_repack(quantized, logits, eval_ids, llmcompressor_python, tmp_path, record):
+def test_drift_gate_fails_a_broken_repack(quantized, logits, eval_ids, llmcompressor_python, drift_gate, tmp_path,
+                                          record):
     """The GPTQ checkpoint with the 4-bit values of each int32 in AWQ's interleaved order
     (0,2,4,6,1,3,5,7) instead of sequential: the classic GPTQ <-> AWQ repacking bug. Shapes, dtypes
     and config are right, check-dir passes, it loads and runs: only the drift shows it."""
-    import shutil
+    from harness.quant.broken import repack_in_awq_order
 
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    broken = tmp_path / "awq-order-repack"
-    shutil.copytree(quantized.dir("gptq"), broken)
-    tensors = load_file(str(broken / "model.safetensors"))
-    shifts = torch.arange(8, dtype=torch.int64) * 4
-    order = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])
-    for name in [n for n in tensors if n.endswith(".weight_packed")]:
-        packed = tensors[name].to(torch.int64) & 0xFFFFFFFF
-        nibbles = (packed[..., None] >> shifts) & 0xF
-        repacked = (nibbles[..., order] << shifts).sum(-1)
-        tensors[name] = torch.where(repacked >= 2**31, repacked - 2**32, repacked).to(torch.int32)
-    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    broken = repack_in_awq_order(quantized.dir("gptq"), tmp_path / "awq-order-repack")
     assert check_dir(broken).ok  # shapes are right: only the values are wrong
     (broken_logits,) = worker_logits(llmcompressor_python, [broken], eval_ids)
-    result = drift(logits["merged"], broken_logits, eval_ids)
+    result = drift(logits["merged"], broken_logits, eval_ids, gate=drift_gate)
     record(broken_mean_kl=result.mean_kl, broken_top1=result.top1_agreement)
-    assert not result.ok and result.mean_kl > DEFAULT_MAX_MEAN_KL, result.verdict()
+    assert not result.ok and result.mean_kl > drift_gate.max_mean_kl, result.verdict()
 
 
 @pytest.mark.vllm
