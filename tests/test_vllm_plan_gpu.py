@@ -78,3 +78,22 @@ def test_gate_counts_are_the_pairs_verdicts():
         verdicts = [p for p in gate["pairs"] if p["pair"] == row["comparison"] and p["policy"] == row["policy"]]
         assert len(verdicts) == row["pairs"]
         assert row["regressed"] == sum(p["verdict"].startswith("REGRESSED") for p in verdicts)
+
+
+@pytest.mark.parametrize("version, arch, config_extra, v2", [
+    ("0.21.0", "Qwen3ForCausalLM", {}, False),
+    ("0.22.0", "Qwen3ForCausalLM", {}, True),
+    ("0.22.0", "LlamaForCausalLM", {}, False),
+    ("0.23.0", "LlamaForCausalLM", {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}, False),
+    ("0.24.0", "Qwen2ForCausalLM", {}, False),
+    ("0.25.1", "Qwen2ForCausalLM", {}, True),
+    ("0.26.0", "MixtralForCausalLM", {"num_local_experts": 8}, False),
+    ("0.26.0", "Qwen2MoeForCausalLM", {"num_experts": 60}, True),
+])
+def test_the_model_runner_is_the_one_vllm_picks(version, arch, config_extra, v2):
+    """vLLM's VllmConfig.use_v2_model_runner per release (read from each release's config/vllm.py)."""
+    from harness.memory.vllm_model import model_facts
+    from harness.memory.vllm_plan import parse_version, uses_v2_runner
+
+    config = {**STARTUPS[0]["model_config"], "architectures": [arch], **config_extra}
+    assert uses_v2_runner(model_facts(config), parse_version(version)) is v2

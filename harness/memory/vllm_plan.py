@@ -28,7 +28,8 @@ vLLM sizes its KV cache once, at start-up (read from its source, per version ran
   they come out of the headroom outside the utilization.
 - The model runner (vLLM's `VllmConfig.use_v2_model_runner`): V2 from 0.25 for every generate
   model that is not a mixture of experts (and for the MoE architectures it lists), from 0.22 to
-  0.24 only for the architectures listed (V2_ARCHITECTURES), V1 otherwise, and V1 without Triton
+  0.24 only for the architectures listed (V2_ARCHITECTURES; 0.22-0.23 unquantized dense ones
+  only), V1 otherwise, and V1 without Triton
   (the CPU build). In the V2 runner the non-torch growth over load and profile was 0.22 GiB on the
   H200 (0.26.0: Triton kernels loaded during the profile), not V1's 0.01-0.09.
 
@@ -78,8 +79,9 @@ NON_TORCH_V2_PROFILED = int(0.22 * GiB)  # 0.26.0's V2 runner on the H200 (bench
 # The architectures vLLM runs on the V2 model runner by default before 0.25 made it the default
 # for every model that is not a mixture of experts (vllm/config/vllm.py, per release); from 0.25
 # on, the MoE ones listed there still get it.
-V2_ARCHITECTURES = {
-    (0, 22): frozenset(),
+V2_ARCHITECTURES = {  # 0.22-0.23: and only unquantized dense models
+    (0, 22): frozenset({"Qwen3ForCausalLM"}),
+    (0, 23): frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}),
     (0, 24): frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
                         "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}),
     (0, 25): frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "Qwen2MoeForCausalLM"}),
@@ -201,6 +203,8 @@ def uses_v2_runner(facts: ModelFacts, v: tuple[int, int, int]) -> bool:
         return False
     listed = V2_ARCHITECTURES[max(k for k in V2_ARCHITECTURES if k <= v[:2])]
     moe = "mixture of experts" in facts.not_modelled
+    if v < (0, 24):
+        return facts.architecture in listed and not moe and facts.quantization == "none"
     return facts.architecture in listed or (v >= (0, 25) and not moe)
 
 
