@@ -137,6 +137,45 @@ def vram_boundary_inline() -> str:
     return ". ".join(parts)
 
 
+@functools.cache
+def _families():
+    from harness.memory import families_truth as T
+
+    return T, T.evaluate_families()
+
+
+def vram_families() -> str:
+    """Issue 27: per family, the estimator's error on the committed H200 rows (benchmarks/vram/measured-families/)."""
+    T, s = _families()
+    rows = []
+    for arch in sorted(set(s.inference) | set(s.train_gc) | set(s.train_nogc)):
+        cells = [f"{arch}" + (" (held out)" if arch in T.HELD_OUT else "")]
+        for table_ in (s.inference, s.train_gc, s.train_nogc):
+            st = table_.get(arch)
+            cells += [f"{st.n}: {pct(st.median, 1)} / {pct(st.worst, 1)} / {pct(st.worst_under, 1)}" if st else "-"]
+        rows.append(cells)
+    return table(["family", "inference (rows: median / worst / worst under)", "training, checkpointing on",
+                  "training, checkpointing off"], rows)
+
+
+def vram_families_boundary_inline() -> str:
+    _, s = _families()
+    missed = sum(1 for r in s.boundary if not r["planner_fits"] and r["actually_fits"])
+    return (f"{len(s.boundary)} boundary cases, verdict agrees on {pct(s.agreement, 0)}; predicted fits that ran out: "
+            f"{len(s.false_fits)}; predicted no-fits that fitted: {missed}")
+
+
+def vram_families_picture() -> str:
+    _, s = _families()
+    rows = []
+    for p in s.pictures:
+        what = f"{p['arch']} {p['precision']} {p['mode']} {p['seq_len']}x{p['batch']}"
+        rows.append([what, "peak", f"{p['predicted_peak'] / 2**30:.2f}", f"{(p['measured_peak'] or 0) / 2**30:.2f}"])
+        rows += [[what, c["component"], f"{c['predicted'] / 2**30:.2f}", f"{c['measured'] / 2**30:.2f}"]
+                 for c in p["components"]]
+    return table(["case", "part", "predicted GiB", "measured GiB (allocator snapshot)"], rows)
+
+
 def vram_offload_inline() -> str:
     rows = json.loads((ROOT / "suites/vram/measured/truth/offload2/offload_rows.json").read_text())["rows"]
     bw = {r["kind"]: r for r in rows if r["kind"].startswith("bandwidth")}
@@ -327,6 +366,9 @@ BLOCKS = {
     "vram-training-inline": vram_training_inline,
     "vram-boundary-inline": vram_boundary_inline,
     "vram-offload-inline": vram_offload_inline,
+    "vram-families": vram_families,
+    "vram-families-boundary-inline": vram_families_boundary_inline,
+    "vram-families-picture": vram_families_picture,
     "vllm-plan-inline": vllm_plan_inline,
     "vllm-plan": vllm_plan,
     "quant-inline": quant_inline,

@@ -136,3 +136,36 @@ def test_moe_offload_plan_says_whole_layers_cross_the_bus(capsys):
     assert "8 of 128 experts" in off["moe_note"] and off["bytes_on_gpu"] < 8 * 2**30
     # every offloaded byte is copied per token, experts included
     assert off["bytes_on_cpu"] + off["bytes_on_disk"] > 40 * 2**30
+
+
+def test_gemma2_attention_follows_the_transformers_version():
+    # transformers 5.17 and 5.20 declare Gemma2PreTrainedModel._supports_sdpa = True (from_pretrained
+    # picks SDPA, which ignores the soft-cap); 5.21 on declare False (eager)
+    assert [F.attention_implementation("gemma2", v) for v in ("5.17.0", "5.20.1", "5.21.0", "5.24.0", None)] == \
+        ["sdpa", "sdpa", "eager", "eager", "eager"]
+    assert F.attention_implementation("gemma3_text", "5.24.0") == "sdpa"
+    g2 = model_shape("gemma-2-2b")
+    old = F.at_transformers(g2, "5.17.0")
+    q = Query("bf16", "prefill", seq_len=4096, batch=2)
+    assert "attention_scores" not in estimate(old, q).breakdown  # no scores block under SDPA
+    assert estimate(old, q).peak_bytes < estimate(g2, q).peak_bytes
+    v = estimate(old, Query("nf4-dq", "train")).verification
+    assert v["verified"] is True and "gemma-2-2b" in v["measured_on"] and "ignored by SDPA" in v["path"]
+
+
+def test_window_masked_layers_save_repeated_kv_not_a_scores_block():
+    g3 = model_shape("gemma-3-1b")  # window 512, 22 of 26 layers sliding, 4 heads on 1 KV head
+    inside, past = (Query("nf4-dq", "train", seq_len=n, lora_r=8, grad_checkpointing=False) for n in (256, 1024))
+    assert F.sdpa_masked_layers(g3, 256) == 0 and F.sdpa_masked_layers(g3, 1024) == 22
+    b = estimate(g3, past).breakdown
+    assert b["repeated_kv"] == 22 * 2 * 3 * 256 * 1024 * 4  # K and V copied to the 3 other heads, fp32
+    assert b["attention_masks"] == 22 * 1024 * 1024 * (4 + 1)  # in the 22 masked layers only
+    assert estimate(g3, inside).breakdown["repeated_kv"] == 0
+
+
+def test_fused_qkv_is_not_kept_when_kv_are_repeated():
+    phi4, phi3 = model_shape("phi-4-mini"), model_shape("phi-3-mini-4k")  # fused qkv; GQA and MHA
+    q = Query("nf4-dq", "train", seq_len=1024, grad_checkpointing=False)
+    assert estimate(phi4, q).breakdown["fused_qkv_saved"] == 0  # fp32 GQA: the math kernel repeats K/V
+    assert estimate(phi4, replace(q, precision="bf16")).breakdown["fused_qkv_saved"] > 0  # flash keeps the view
+    assert estimate(phi3, q).breakdown["fused_qkv_saved"] > 0  # MHA: SDPA saves the value view

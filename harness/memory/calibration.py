@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .families import sdpa_masked_layers
 from .lora import resolve_lora_targets
 from .shape import ModelShape
 from .weights import dtype_bytes
@@ -77,8 +78,11 @@ def features(shape: ModelShape, precision: str, batch: int, seq: int, act_bytes:
                    if act_bytes == 4 and shape.kv_heads < shape.heads else 0),
         "tied_emb_src": shape.embedding_params * 2 if shape.tied else 0,
     }
-    for key in ("tok_h", "tok_i", "tok_qkv", "tok_r", "tok_lora_in", "scores"):
+    for key in ("tok_h", "tok_i", "tok_qkv", "tok_r", "tok_lora_in"):
         f["L_" + key] = f[key] * shape.layers
+    # the layers SDPA gets an explicit window mask in run its memory-efficient kernel (K/V repeated
+    # to all heads first), which keeps no scores: those layers' saved bytes are estimate.saved_activations'
+    f["L_scores"] = f["scores"] * (shape.layers - sdpa_masked_layers(shape, seq))
     return f
 
 

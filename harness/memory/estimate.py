@@ -29,7 +29,7 @@ from typing import Any
 from ..errors import UsageError
 from .calibration import (CALIBRATION, calibration_key, features, features_for, linear_sum,  # noqa: F401
                           precision_group, train_act_bytes, transient_bytes)
-from .families import decode_kv_tokens, inference_terms, train_terms, verification
+from .families import decode_kv_tokens, inference_terms, sdpa_masked_layers, train_terms, verification
 from .lora import (DEFAULT_LORA_TARGETS, OPTIMIZERS, LoraTargets, adapter_bytes, check_lora_targets,  # noqa: F401
                    lora_params, optimizer_name, resolve_lora_targets)
 from .shape import KNOWN_FAMILIES, LinearGroup, ModelShape, load_config, model_shape  # noqa: F401
@@ -214,12 +214,16 @@ def saved_activations(shape: ModelShape, q: Query) -> dict[str, int]:
       and the rank-wide lora_A output);
     - fused q/k/v: query, key and value are slices of one qkv tensor; SDPA saves the value view,
       which keeps the whole tensor alive, query and key parts included (separate q/k projections
-      free theirs once rotary embedding has made new tensors);
-    - a sliding window reached: past the window transformers passes SDPA an explicit boolean mask,
-      which SDPA turns into a float bias of the activations' dtype in every layer and saves.
+      free theirs once rotary embedding has made new tensors) - unless K and V are repeated to all
+      heads before the kernel saves them: fp32 GQA (the math kernel repeat_interleaves them for
+      enable_gqa) and GQA layers with a window mask (transformers' repeat_kv);
+    - a sliding window reached: past the window transformers passes SDPA an explicit boolean mask
+      which SDPA turns into a float bias of the activations' dtype in every masked layer and
+      saves (5 bytes per element a layer in fp32, as phi-3's rows found); with grouped-query attention those
+      layers repeat K and V to all heads first (use_gqa_in_sdpa) and the kernel saves the copies.
     With checkpointing one layer is recomputed at a time: those terms are in the fitted transient."""
     if q.grad_checkpointing:
-        return {"lora_inputs": 0, "fused_qkv_saved": 0, "attention_masks": 0}
+        return {"lora_inputs": 0, "fused_qkv_saved": 0, "attention_masks": 0, "repeated_kv": 0}
     act = train_act_bytes(q.precision)
     tok = q.batch * q.seq_len
     targets = resolve_lora_targets(shape, q.lora_targets)
@@ -227,21 +231,13 @@ def saved_activations(shape: ModelShape, q: Query) -> dict[str, int]:
                           + block_rounded(tok * g.in_features * LORA_MASK_BYTES)
                           + block_rounded(tok * q.lora_r * 4)) for g in targets.groups)
     qk = tok * (shape.heads + shape.kv_heads) * shape.head_dim * act if shape.fused_qkv else 0
-    masked = shape.sliding_window is not None and q.seq_len >= shape.sliding_window
-    masks = q.batch * q.seq_len * q.seq_len * (act + 1) if masked else 0  # float bias + the bool mask
-    return {"lora_inputs": lora, "fused_qkv_saved": block_rounded(qk) * shape.layers,
-            "attention_masks": block_rounded(masks) * _sdpa_masked_layers(shape)}
-
-
-def _sdpa_masked_layers(shape: ModelShape) -> int:
-    """Layers whose SDPA call gets the explicit window mask: the sliding ones (Gemma-3: 5 of 6);
-    none for eager attention, which adds one shared float mask (families.train_terms)."""
-    traits = shape.traits
-    if traits is None:
-        return shape.layers
-    if traits.attention == "eager":
-        return 0
-    return min(traits.sliding_layers, shape.layers) if traits.sliding_layers else shape.layers
+    masked = sdpa_masked_layers(shape, q.seq_len)
+    gqa = shape.kv_heads < shape.heads
+    qkv_kept = shape.layers if not gqa else 0 if act == 4 else shape.layers - masked
+    masks = block_rounded(q.batch * q.seq_len * q.seq_len * (act + 1)) * masked  # float bias + the bool mask
+    repeated = 2 * (shape.heads - shape.kv_heads) * shape.head_dim * tok * act
+    return {"lora_inputs": lora, "fused_qkv_saved": block_rounded(qk) * qkv_kept,
+            "attention_masks": masks, "repeated_kv": block_rounded(repeated) * masked}
 
 
 def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None) -> Estimate:

@@ -5,7 +5,9 @@ The fitted transient terms (calibration.py) were measured on SDPA families with 
 layer, no q/k norms and plain logits (Llama, Qwen2, Phi-3). FamilyTraits names what a config does
 differently, and the functions below turn each trait into the bytes autograd keeps alive for it:
 
-- eager attention (Gemma-2: `_supports_sdpa = False`, because SDPA cannot soft-cap): every layer
+- eager attention (Gemma-2 from transformers 5.21: `_supports_sdpa = False`, because SDPA cannot
+  soft-cap; up to 5.20 it declared `_supports_sdpa = True`, so from_pretrained picked SDPA, which
+  ignores the soft-cap, and nothing below applies - attention_implementation): every layer
   materialises batch x heads x seq x seq scores. eager_attention_forward keeps, for backward,
   tanh's output when attention logits are soft-capped (tanh saves its result), the fp32 softmax
   output, and its cast back to the activation dtype when that is not fp32; repeat_kv copies K and
@@ -20,7 +22,10 @@ differently, and the functions below turn each trait into the bytes autograd kee
 - four RMSNorms per layer (Gemma-2/3: pre/post attention, pre/post feed-forward) instead of two:
   each keeps its fp32 input.
 - sliding-window layers (Gemma-2 every other layer, Gemma-3 five of six): past the window SDPA gets
-  an explicit mask in those layers only; during decoding their cache keeps window - 1 tokens.
+  an explicit mask in those layers only (sdpa_masked_layers); with a mask transformers repeats K
+  and V to all heads (use_gqa_in_sdpa is False) and SDPA runs its memory-efficient kernel, which
+  saves the repeated K/V and the mask's float bias, not a scores block (the fitted fp32 GQA
+  scores term counts the unmasked layers only); during decoding their cache keeps window - 1 tokens.
 - scaled embeddings (Gemma: embeddings x sqrt(hidden)): one hidden-sized tensor, transient.
 - MoE (Qwen3-MoE, Mixtral in transformers 5): experts are 3-D nn.Parameters, not nn.Linear, so
   bitsandbytes leaves them in the torch dtype; they count as unquantized weights.
@@ -31,20 +36,31 @@ recomputes it from the committed measured rows).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from importlib import metadata
 from typing import Any
 
 # family -> (inference measured, training measured) on the H200, from committed rows
 VERIFIED: dict[str, tuple[bool, bool]] = {
     "llama": (True, True),  # llama-3.2-1b/3b, tinyllama-1.1b, smollm2-1.7b
     "qwen2": (True, True),  # qwen2.5-0.5b/1.5b/3b/7b
-    "phi3": (True, True),  # phi-3-mini-4k (held out of the fit)
+    "phi3": (True, True),  # phi-3-mini-4k (held out of the fit), phi-4-mini (issue 27, held out)
+    # issue 27 (benchmarks/vram/measured-families/, transformers 5.17): within 2% median, 5% worst
+    "gemma2": (True, True),  # gemma-2-2b
+    "gemma3_text": (True, True),  # gemma-3-1b
+    "qwen3": (True, True),  # qwen3-1.7b (held out)
 }
-# the architectures whose rows back VERIFIED (suites/vram/measured/)
+# the architectures whose rows back VERIFIED (suites/vram/measured/, benchmarks/vram/measured-families/)
 VERIFIED_BY = {"llama": ("llama-3.2-1b", "llama-3.2-3b", "tinyllama-1.1b", "smollm2-1.7b"),
                "qwen2": ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"),
-               "phi3": ("phi-3-mini-4k",)}
-EAGER_FAMILIES = ("gemma2",)  # transformers refuses SDPA for them (soft-capping)
+               "phi3": ("phi-3-mini-4k", "phi-4-mini"), "gemma2": ("gemma-2-2b",),
+               "gemma3_text": ("gemma-3-1b",), "qwen3": ("qwen3-1.7b",)}
+# the attention the measured runs used, where transformers' choice depends on its version: Gemma-2
+# was measured under 5.17 (SDPA); its eager path (transformers >= 5.21) has no GPU rows yet
+VERIFIED_ATTENTION = {"gemma2": "sdpa"}
+EAGER_FAMILIES = ("gemma2",)  # transformers refuses SDPA for them (soft-capping) ...
+# ... from this version on (5.17 and 5.20 declare `_supports_sdpa = True`, 5.21, 5.22, 5.24 False)
+EAGER_SINCE = (5, 21)
 QK_NORM_FAMILIES = ("qwen3", "qwen3_moe", "gemma3_text", "gemma3")
 FOUR_NORM_FAMILIES = ("gemma2", "gemma3_text", "gemma3")
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gemma3")  # config classes default to tied
@@ -73,7 +89,8 @@ class FamilyTraits:
         if self.attention == "eager":
             out.append("eager attention (scores materialised per layer)")
         if self.attn_softcap:
-            out.append(f"attention-logit soft-capping ({self.attn_softcap:g})")
+            ignored = "" if self.attention == "eager" else ", ignored by SDPA"
+            out.append(f"attention-logit soft-capping ({self.attn_softcap:g}{ignored})")
         if self.final_softcap:
             out.append(f"final-logit soft-capping ({self.final_softcap:g})")
         if self.qk_norm:
@@ -109,14 +126,61 @@ def sliding_layer_count(config: dict, window: int | None) -> int:
     return layers
 
 
-def traits_from_config(config: dict, window: int | None = None) -> FamilyTraits:
+def installed_transformers() -> str | None:
+    """The installed transformers' version, read without importing it (None: not installed)."""
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    parts = [int("".join(c for c in p if c.isdigit()) or 0) for p in version.split(".")[:2]]
+    return (parts + [0, 0])[0], (parts + [0, 0])[1]
+
+
+def attention_implementation(family: str, transformers: str | None) -> str:
+    """What from_pretrained picks without attn_implementation: SDPA where the model class declares
+    `_supports_sdpa`, else eager. `transformers` None: the newest behaviour (eager for Gemma-2)."""
+    if family not in EAGER_FAMILIES:
+        return "sdpa"
+    if transformers is not None and (5, 0) <= _version_tuple(transformers) < EAGER_SINCE:
+        return "sdpa"
+    return "eager"
+
+
+def at_transformers(shape, transformers: str | None):
+    """`shape` as the given transformers version runs it (the attention it picks); unchanged
+    when no version is given."""
+    if transformers is None or shape.traits is None:
+        return shape
+    attention = attention_implementation(shape.traits.family, transformers)
+    return replace(shape, traits=replace(shape.traits, attention=attention))
+
+
+def sdpa_masked_layers(shape, seq: int) -> int:
+    """Layers whose SDPA call gets an explicit mask at this sequence length: past the sliding
+    window, the sliding ones (Gemma-3: 5 of 6; all layers when the config says nothing more);
+    none for eager attention (one shared float mask, train_terms) or within the window."""
+    if shape.sliding_window is None or seq < shape.sliding_window:
+        return 0
+    traits = shape.traits
+    if traits is None:
+        return shape.layers
+    if traits.attention == "eager":
+        return 0
+    return min(traits.sliding_layers, shape.layers) if traits.sliding_layers else shape.layers
+
+
+def traits_from_config(config: dict, window: int | None = None, transformers: str | None = None) -> FamilyTraits:
+    """`transformers`: the version whose attention choice applies (default: the installed one)."""
     family = str(config.get("model_type") or "unknown").lower()
     softcap = config.get("attn_logit_softcapping")
     final = config.get("final_logit_softcapping")
     experts = _int(config.get("num_experts") or config.get("num_local_experts"))
     return FamilyTraits(
         family=family,
-        attention="eager" if family in EAGER_FAMILIES else "sdpa",
+        attention=attention_implementation(family, transformers or installed_transformers()),
         attn_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
         final_softcap=float(final) if isinstance(final, (int, float)) and final else None,
         qk_norm=family in QK_NORM_FAMILIES,
@@ -132,16 +196,22 @@ def verification(family: str, mode: str, source: str, traits: FamilyTraits | Non
     """Whether the estimate of `mode` was checked on a GPU for this family, and how it was made."""
     infer_ok, train_ok = VERIFIED.get(family, (False, False))
     checked = train_ok if mode == "train" else infer_ok
+    attention = traits.attention if traits is not None else None
+    other_attention = checked and attention not in (None, VERIFIED_ATTENTION.get(family, attention))
     layout = {"config": "the exact layout from config fields", "meta": "a layout counted on the meta device",
               "safetensors": "the layout from the safetensors headers", "gguf": "the layout from the GGUF header"}.get(source, source)
     differs = traits.differs if traits is not None else []
     path = (f"{layout}, transient terms fitted on Llama/Qwen2 (SDPA)"
             + (f", plus this family's own terms: {', '.join(differs)}" if differs else ""))
+    checked = checked and not other_attention
     out = {"family": family, "verified": checked, "measured_on": list(VERIFIED_BY.get(family, ())) if checked else [],
            "path": path}
-    if not checked:
-        out["note"] = (f"unverified for {family} {'training' if mode == 'train' else 'inference'}: no GPU "
-                       f"measurement of this family backs it")
+    what = f"unverified for {family} {'training' if mode == 'train' else 'inference'}"
+    if other_attention:
+        out["note"] = (f"{what} with {attention} attention (what this transformers picks): the GPU rows were "
+                       f"measured with {VERIFIED_ATTENTION[family]} attention")
+    elif not checked:
+        out["note"] = f"{what}: no GPU measurement of this family backs it"
     return out
 
 

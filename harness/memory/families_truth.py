@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 FAMILIES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "vram" / "measured-families"
-# never used to choose a coefficient or a term (benchmarks/vram/families.py FIT_EXCLUDED)
+# never used to fit a coefficient (benchmarks/vram/families.py FIT_EXCLUDED); phi-4-mini's training
+# error without checkpointing led to one structural correction read from torch's SDPA code (the fused
+# qkv is not kept alive when K/V are repeated, estimate.saved_activations), so that figure is not blind
 HELD_OUT = ("qwen3-1.7b", "phi-4-mini")
 # measured snapshot category -> the predicted picture parts it is compared with
 TRAIN_GROUPS = {"weights": ("weights", "quantization state"), "LoRA weights": ("LoRA weights",),
@@ -39,10 +41,16 @@ def row_files(directory: Path = FAMILIES_DIR) -> list[Path]:
 
 
 def load_rows(directory: Path = FAMILIES_DIR) -> dict[str, list[dict]]:
-    """{"train": [...], "infer": [...], "snapshot": [...], "failed": [...]} from the run's row files."""
+    """{"train": [...], "infer": [...], "snapshot": [...], "failed": [...]} from the run's row files,
+    each row stamped with the transformers version it ran under (the attention it picked)."""
     out: dict[str, list[dict]] = {"train": [], "infer": [], "snapshot": [], "failed": []}
     for path in row_files(directory):
         data = json.loads(path.read_text())
+        version = run_transformers(path, data)
+        if version:
+            data = dict(data, transformers=version)
+            if data.get("rows"):
+                data["rows"] = [dict(r, transformers=version) for r in data["rows"]]
         if data.get("kind") == "infer":
             rows = data.get("rows")
             if data.get("error"):
@@ -60,6 +68,17 @@ def load_rows(directory: Path = FAMILIES_DIR) -> dict[str, list[dict]]:
         else:
             out["train"].append(data)
     return out
+
+
+def run_transformers(path: Path, data: dict) -> str | None:
+    """The transformers version of a row file: its own environment, else the run's environment.json."""
+    env = data.get("environment") or {}
+    if env.get("transformers"):
+        return str(env["transformers"])
+    for candidate in (path.parent.parent / "environment.json", path.parent.parent.parent / "environment.json"):
+        if candidate.is_file():
+            return json.loads(candidate.read_text()).get("transformers")
+    return None
 
 
 @dataclass
@@ -119,15 +138,18 @@ def evaluate_families(directory: Path = FAMILIES_DIR) -> FamilySummary:
 def picture_comparison(row: dict) -> dict[str, Any]:
     """One snapshot case: the predicted parts and the measured categories, grouped alike."""
     from .estimate import estimate
+    from .families import at_transformers
     from .matrix import row_query
     from .picture import parts
     from .shape import model_shape
 
-    shape = model_shape(row["arch"])
+    shape = at_transformers(model_shape(row["arch"]), row.get("transformers"))
     q = row_query(dict(row, new_tokens=row.get("new_tokens") or 0))
     est = estimate(shape, q)
     predicted = {p.component: p.bytes for p in parts(est, shape, 0)}
     measured = row["snapshot"]["peak_by_category"]
+    if row.get("mode") == "train":
+        measured = logits_gradients_to_loss(measured, row["batch"] * row["seq_len"] * shape.vocab * 4)
     groups, mgroups = (TRAIN_GROUPS, TRAIN_MEASURED) if row.get("mode") == "train" else (GEN_GROUPS, GEN_MEASURED)
     comparison = []
     for name, keys in groups.items():
@@ -137,6 +159,19 @@ def picture_comparison(row: dict) -> dict[str, Any]:
             "batch": row["batch"], "predicted_peak": est.peak_bytes, "measured_peak": row.get("peak_bytes"),
             "snapshot_peak": row["snapshot"]["peak_bytes"], "components": comparison,
             "timeline": row["snapshot"].get("timeline", [])}
+
+
+def logits_gradients_to_loss(measured: dict[str, int], logits_bytes: int) -> dict[str, int]:
+    """The snapshot names by stack: backward allocations carry no Python frames, so the gradients
+    of the fp32 logits (batch x seq x vocab x 4 bytes each, live at the loss's backward peak) land
+    in "backward", while the estimate counts them with the loss (its logits/loss part is every
+    logits-sized tensor of that phase). Move the whole logits gradients within the backward total
+    there, so both sides mean the same by logits/loss; what remains is the other gradients."""
+    back = measured.get("backward", 0)
+    moved = (back // logits_bytes) * logits_bytes if logits_bytes > 0 else 0
+    if not moved:
+        return dict(measured)
+    return dict(measured, backward=back - moved, logits_loss=measured.get("logits_loss", 0) + moved)
 
 
 def summary_lines(s: FamilySummary) -> list[str]:

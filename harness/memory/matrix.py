@@ -506,6 +506,7 @@ class MatrixSummary:
 def evaluate(rows: list[dict], env: dict | None = None, calibration=None, headroom: float | None = None) -> MatrixSummary:
     from .budget import DEFAULT_HEADROOM, fits
     from .estimate import estimate
+    from .families import at_transformers
     from .shape import model_shape
 
     env = env or {}
@@ -519,7 +520,8 @@ def evaluate(rows: list[dict], env: dict | None = None, calibration=None, headro
         m = measured_bytes(row)
         if m is None:
             continue
-        shape = shapes.setdefault(row["arch"], model_shape(row["arch"]))
+        version = row.get("transformers") or env.get("transformers")  # the attention that version picked
+        shape = shapes.setdefault((row["arch"], version), at_transformers(model_shape(row["arch"]), version))
         pred = estimate(shape, row_query(row), calibration=calibration).peak_bytes
         acc = accelerate_anchor(shape, row)
         r = dict(row, measured=m, predicted=pred, error=(pred - m) / m, accelerate=acc,

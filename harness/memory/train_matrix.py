@@ -304,6 +304,7 @@ def evaluate_training(rows: list[dict], calibration: dict | None = None) -> Trai
     verdict `plan --train` gives (peak + training reserve + this process's context <= budget)."""
     from .budget import default_headroom, fits
     from .estimate import estimate
+    from .families import at_transformers
     from .shape import model_shape
     from .matrix import row_query
 
@@ -312,7 +313,8 @@ def evaluate_training(rows: list[dict], calibration: dict | None = None) -> Trai
     for row in rows:
         if row.get("error"):
             continue
-        shape = shapes.setdefault(row["arch"], model_shape(row["arch"]))
+        version = row.get("transformers")  # the attention that version picked
+        shape = shapes.setdefault((row["arch"], version), at_transformers(model_shape(row["arch"]), version))
         est = estimate(shape, row_query(row), calibration)
         pred = est.peak_bytes
         if row.get("role") == "boundary":
