@@ -108,6 +108,49 @@ def test_a_starved_client_makes_a_drop_inconclusive_not_a_regression():
     assert verdicts(cmp.compare(base_starved, make_results(seed=2, run_drift=0.01, tput=770.0)))["output_throughput"] == "regressed"
 
 
+def test_two_stalled_runs_of_five_excuse_their_own_throughput_drop():
+    # Issue 25, as an outsider on a busy box: throughput -61% while the client's loop lag p99 was
+    # 550 ms. Two runs of five whose client stood still half the time cost the geometric mean
+    # about a quarter ((1/2)^(2/5) = 0.76); the median of the client's shares over runs is ~0 and
+    # excused nothing. Their mean carries them.
+    base = make_results(seed=1, runs=5, run_drift=0.02)
+    cand = make_results(seed=2, runs=5, run_drift=0.02, tput=750.0)
+    for k in (0, 1):
+        cand["runs"][k]["client_noise"].update(client_time_share=0.3, loop_stall_share=0.2)
+    change = {c.metric: c for c in cmp.compare(base, cand).changes}["output_throughput"]
+    assert change.change < -0.2 and change.verdict == "inconclusive (client-bound)", change
+    # The same drop with a client that never stalled is the server's.
+    clean = make_results(seed=2, runs=5, run_drift=0.02, tput=750.0)
+    assert verdicts(cmp.compare(base, clean))["output_throughput"] == "regressed"
+
+
+def test_the_servers_own_ttft_catches_a_slowdown_a_stalled_client_cannot_time():
+    # A/B on the busy box: the slower server's TTFT is 8x, but the candidate's client loop lag
+    # (500 ms) could explain its own TTFT figures: those are client-bound. The server's /metrics
+    # TTFT is timed on the server's clock: regressed.
+    base = make_results(seed=1, noise=0.05, run_drift=0.02, ttft_ms=50.0)
+    cand = make_results(seed=2, noise=0.05, run_drift=0.02, ttft_ms=400.0, loop_lag_ms=500.0)
+    v = verdicts(cmp.compare(base, cand))
+    assert v["ttft_p50"] == "inconclusive (client-bound)" and v["server_ttft_mean"] == "regressed"
+    # A server without the histogram: not measured, never a verdict.
+    for run in cand["runs"]:
+        run["server_metrics"] = None
+    assert verdicts(cmp.compare(base, cand))["server_ttft_mean"].startswith("not measured")
+
+
+def test_a_long_stall_costs_what_it_lasts_not_one_sample():
+    from harness.serving.client import LoadResult
+    from harness.serving.stats import end_lateness_s, stall_share
+
+    # 5 s of 10 ms probe ticks, four of them 550 ms late: the plain mean of the samples is ~5 ms,
+    # but an end that lands at a random instant waits ~121 ms on average (sum L^2 / 2T).
+    samples = [0.0001] * 400 + [0.55] * 4
+    load = LoadResult(records=[], loop_lag_s=samples, started_wall=0.0, duration_s=5.0)
+    assert sum(samples) / len(samples) < 0.006
+    assert end_lateness_s(load) == pytest.approx(4 * 0.55 ** 2 / 10, rel=0.01)
+    assert stall_share(load) == pytest.approx(0.448, rel=0.01)
+
+
 def test_client_loop_lag_explains_a_small_latency_rise_but_not_a_large_one():
     base = make_results(seed=1, noise=0.01, run_drift=0.005, ttft_ms=50.0)
     lagged = make_results(seed=2, noise=0.01, run_drift=0.005, ttft_ms=65.0, loop_lag_ms=15.0)

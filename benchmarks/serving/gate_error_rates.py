@@ -116,7 +116,7 @@ def verdict_line(result) -> str:
 
 
 @contextlib.contextmanager
-def plain_vllm(vllm_python: str, model: Path, log: Path):
+def plain_vllm(vllm_python: str, model: Path, log: Path, max_num_seqs: int = MAX_NUM_SEQS):
     """A vLLM server as a user starts theirs: its own session, not the harness's launcher."""
     import os
     import signal
@@ -130,7 +130,7 @@ def plain_vllm(vllm_python: str, model: Path, log: Path):
     with open(log, "wb") as out:
         proc = subprocess.Popen([vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                                  "--served-model-name", "outside-tiny", "--host", "127.0.0.1", "--port", str(port),
-                                 *BASE_FLAGS, "--max-num-seqs", str(MAX_NUM_SEQS)],
+                                 *BASE_FLAGS, "--max-num-seqs", str(max_num_seqs)],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
     base = f"http://127.0.0.1:{port}"

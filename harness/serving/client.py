@@ -312,6 +312,107 @@ def poisson_arrivals(n: int, request_rate: float, seed: int) -> list[float]:
     return arrivals
 
 
+@dataclass
+class _Run:
+    """One load run's shared state: what every request task reads, and the run's clock."""
+    loop: asyncio.AbstractEventLoop
+    session: aiohttp.ClientSession
+    target: Target
+    specs: Sequence[RequestSpec]
+    records: list[RequestRecord]
+    indices: list[int]
+    go: asyncio.Future  # every task is created and parked on it before the clock starts
+    on_record: Callable[[RequestRecord], None] | None = None
+    on_progress: Callable[[int, int], None] | None = None
+    t0: float = 0.0
+    finished: int = 0
+
+    async def due(self, when_s: float) -> float:
+        fut = self.loop.create_future()
+        _wake_at(self.loop, self.t0 + when_s, fut)
+        return await fut - self.t0
+
+    async def send(self, k: int, record: RequestRecord) -> None:
+        await send_one(self.session, self.target, self.specs[k], record, self.t0)
+        self.finished += 1
+        if self.on_record:
+            self.on_record(record)
+        if self.on_progress:
+            self.on_progress(self.finished, len(self.specs))
+
+
+def _open_loop_tasks(run: _Run, arrivals: Sequence[float], concurrency: int | None) -> list[asyncio.Future]:
+    """One task per request, each sent at its arrival time (at most `concurrency` in flight)."""
+    gate = asyncio.Semaphore(concurrency) if concurrency else None
+
+    async def one(k: int) -> None:
+        await run.go
+        record = RequestRecord(index=run.indices[k], scheduled_s=arrivals[k])
+        record.dispatched_s = await run.due(arrivals[k])
+        run.records.append(record)
+        if gate is None:
+            await run.send(k, record)
+            return
+        async with gate:
+            await run.send(k, record)
+
+    return [asyncio.ensure_future(one(k)) for k in range(len(run.specs))]
+
+
+def _closed_loop_tasks(run: _Run, concurrency: int, ramp_up_s: float,
+                       ramp_slots: tuple[int, int] | None) -> list[asyncio.Future]:
+    """One task per slot: each sends its next request as soon as its previous one ended."""
+    next_k = iter(range(len(run.specs)))
+    slots = min(concurrency, len(run.specs))
+    first_slot, all_slots = ramp_slots or (0, slots)
+
+    async def slot_task(slot: int) -> None:
+        await run.go
+        free_at = ramp_up_s * (first_slot + slot) / all_slots
+        for k in next_k:
+            record = RequestRecord(index=run.indices[k], scheduled_s=free_at)
+            record.dispatched_s = await run.due(free_at)
+            run.records.append(record)
+            await run.send(k, record)
+            free_at = _now() - run.t0
+
+    return [asyncio.ensure_future(slot_task(k)) for k in range(slots)]
+
+
+async def _clocked(run: _Run, tasks: list[asyncio.Future], start_at: float | None,
+                   lag_samples: list[float]) -> tuple[float, dict]:
+    """Start the clock (at `start_at`, or now), release the tasks, probe the loop until they end;
+    (started_wall, the host's CPU figures over the run)."""
+    await asyncio.sleep(0)  # let every task reach `await go`
+    # A full cyclic-GC pass over hundreds of streams' objects stalls the loop for milliseconds:
+    # collect now, then keep the collector off while the clock runs.
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    if start_at is not None:  # wait for the common start on the shared clock
+        started = run.loop.create_future()
+        _wake_at(run.loop, start_at, started)
+        await started
+    run.t0 = start_at if start_at is not None else _now()
+    started_wall = time.time() - (_now() - run.t0)
+    cpu_before = hostload.snapshot()
+    runnable: list[int] = []
+    stop = asyncio.Event()
+    probe = asyncio.create_task(_probe_loop_lag(lag_samples, stop, runnable=runnable))
+    run.go.set_result(None)
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        stop.set()
+        await probe
+        host = hostload.delta(cpu_before, hostload.snapshot()) | hostload.in_run(runnable)
+        if gc_was_enabled:
+            gc.enable()
+    return started_wall, host
+
+
 async def run_load(
     target: Target,
     specs: Sequence[RequestSpec],
@@ -345,95 +446,26 @@ async def run_load(
     if not concurrency and not request_rate and arrivals is None:
         raise ValueError("give concurrency or request_rate")
     own_session = session is None
-    session = session or make_session()
     loop = asyncio.get_running_loop()
-    records = records if records is not None else []
-    indices = list(indices) if indices is not None else list(range(len(specs)))
-    lag_samples: list[float] = []
-    stop = asyncio.Event()
-    go = loop.create_future()  # every task is created and parked before the clock starts
-    clock = {"t0": 0.0}
-    finished = 0
-
-    async def due(when_s: float) -> float:
-        fut = loop.create_future()
-        _wake_at(loop, clock["t0"] + when_s, fut)
-        return await fut - clock["t0"]
-
-    def progress(record: RequestRecord) -> None:
-        nonlocal finished
-        finished += 1
-        if on_record:
-            on_record(record)
-        if on_progress:
-            on_progress(finished, len(specs))
-
+    run = _Run(loop=loop, session=session or make_session(), target=target, specs=specs,
+               records=records if records is not None else [],
+               indices=list(indices) if indices is not None else list(range(len(specs))),
+               go=loop.create_future(), on_record=on_record, on_progress=on_progress)
     if request_rate or arrivals is not None:
-        gate = asyncio.Semaphore(concurrency) if concurrency else None
         if arrivals is None:
             arrivals = poisson_arrivals(len(specs), request_rate, seed)
-
-        async def one(k: int) -> None:
-            await go
-            record = RequestRecord(index=indices[k], scheduled_s=arrivals[k])
-            record.dispatched_s = await due(arrivals[k])
-            records.append(record)
-            if gate is not None:
-                async with gate:
-                    await send_one(session, target, specs[k], record, clock["t0"])
-            else:
-                await send_one(session, target, specs[k], record, clock["t0"])
-            progress(record)
-
-        tasks = [asyncio.ensure_future(one(k)) for k in range(len(specs))]
+        tasks = _open_loop_tasks(run, arrivals, concurrency)
     else:
-        next_k = iter(range(len(specs)))
-        slots = min(concurrency, len(specs))
-        first_slot, all_slots = ramp_slots or (0, slots)
-
-        async def worker(slot: int) -> None:
-            await go
-            free_at = ramp_up_s * (first_slot + slot) / all_slots
-            for k in next_k:
-                record = RequestRecord(index=indices[k], scheduled_s=free_at)
-                record.dispatched_s = await due(free_at)
-                records.append(record)
-                await send_one(session, target, specs[k], record, clock["t0"])
-                progress(record)
-                free_at = _now() - clock["t0"]
-
-        tasks = [asyncio.ensure_future(worker(k)) for k in range(slots)]
-    await asyncio.sleep(0)  # let every task reach `await go`
-    # A full cyclic-GC pass over hundreds of streams' objects stalls the loop for milliseconds:
-    # collect now, then keep the collector off while the clock runs.
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    if start_at is not None:  # wait for the common start on the shared clock
-        started = loop.create_future()
-        _wake_at(loop, start_at, started)
-        await started
-    clock["t0"] = start_at if start_at is not None else _now()
-    started_wall = time.time() - (_now() - clock["t0"])
-    cpu_before = hostload.snapshot()
-    runnable: list[int] = []
-    probe = asyncio.create_task(_probe_loop_lag(lag_samples, stop, runnable=runnable))
-    go.set_result(None)
+        tasks = _closed_loop_tasks(run, concurrency, ramp_up_s, ramp_slots)
+    lag_samples: list[float] = []
     try:
-        await asyncio.gather(*tasks)
+        started_wall, host = await _clocked(run, tasks, start_at, lag_samples)
     finally:
-        for task in tasks:
-            task.cancel()
-        stop.set()
-        await probe
-        host = hostload.delta(cpu_before, hostload.snapshot()) | hostload.in_run(runnable)
-        if gc_was_enabled:
-            gc.enable()
         if own_session:
-            await session.close()
-    records.sort(key=lambda r: r.index)
-    return LoadResult(records=records, loop_lag_s=lag_samples, started_wall=started_wall,
-                      duration_s=span_s(records), host=host, t0=clock["t0"])
+            await run.session.close()
+    run.records.sort(key=lambda r: r.index)
+    return LoadResult(records=run.records, loop_lag_s=lag_samples, started_wall=started_wall,
+                      duration_s=span_s(run.records), host=host, t0=run.t0)
 
 
 def span_s(records: Sequence[RequestRecord]) -> float:

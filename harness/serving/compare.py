@@ -48,10 +48,14 @@ METRICS: dict[str, tuple[str, str, bool]] = {
     "e2e_p50": ("e2e_ms", "p50", True),
     "output_throughput": ("run", "output_throughput", False),
     "request_throughput": ("run", "request_throughput", False),
+    # the server's own TTFT (its /metrics histogram over the run): timed on the server's clock, so
+    # the client's lag cannot move it; the machine's contention still can
+    "server_ttft_mean": ("server_metrics", "ttft_mean_ms", True),
 }
 DEFAULT_THRESHOLDS = {
     "ttft_p50": 0.20, "ttft_mean": 0.20, "ttft_p99": 0.50, "tpot_p50": 0.20, "e2e_p50": 0.20,
     "output_throughput": 0.10, "request_throughput": 0.10,
+    "server_ttft_mean": 0.20,
 }
 POLICIES = ("harness", "vllm-ci")
 VLLM_CI_LATENCY_RATIO = 1.20  # candidate / baseline above this: regressed
@@ -193,11 +197,13 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def _noise(runs: list[dict], key: str) -> float:
-    """Median over runs of one client_noise figure (0 when not recorded)."""
+def _noise(runs: list[dict], key: str, mean: bool = False) -> float:
+    """Median (or mean) over runs of one client_noise figure (0 when not recorded)."""
     values = [v for r in runs if isinstance(v := (r.get("client_noise") or {}).get(key), (int, float))
               and not isinstance(v, bool) and math.isfinite(v)]
-    return _median(values) if values else 0.0
+    if not values:
+        return 0.0
+    return statistics.fmean(values) if mean else _median(values)
 
 
 # Which figure of the client's event-loop lag bounds how late a latency statistic was timed: a
@@ -236,9 +242,13 @@ def client_margins(base: list[dict], cand: list[dict], source: str, base_value: 
     - the machine's CPU pressure (PSI), where it is not saturated.
     """
     if source == "run":  # throughput
-        share = lambda runs: _noise(runs, "client_time_share") + _noise(runs, "loop_stall_share")  # noqa: E731
+        # the mean over runs, as the geometric mean of throughputs feels one starved run: a median
+        # would let two stalled runs of five cut throughput with no margin at all
+        share = lambda runs: _noise(runs, "client_time_share", True) + _noise(runs, "loop_stall_share", True)  # noqa: E731
         client = share(cand) - share(base)
         client_worse, client_better = max(0.0, client), max(0.0, -client)
+    elif source == "server_metrics":  # timed by the server: no client lag in it
+        client_worse = client_better = 0.0
     else:
         scale = base_value if base_value > 0 else math.inf
         client_worse, client_better = _loop_lag(cand, stat) / scale, _loop_lag(base, stat) / scale

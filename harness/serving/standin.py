@@ -66,22 +66,43 @@ class _Stats:
         self.finished = 0
 
 
-def make_app(ttft_s: float, interval_s: float, seed: int = 0, tokenize: bool = False):
-    from aiohttp import web
+def _frame(model: str, chat: bool, text: str | None, finish: str | None = None) -> bytes:
+    """One SSE chunk; on chat, text None is the role-only first delta."""
+    if chat:
+        delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish}
+    return b"data: " + json.dumps({"object": "chunk", "model": model, "choices": [choice]}).encode() + b"\n\n"
 
-    stats = _Stats()
-    rng = random.Random(seed)
 
-    async def health(_):
+class _StandIn:
+    """The stand-in's handlers, over one process's counters."""
+
+    def __init__(self, ttft_s: float, interval_s: float, seed: int):
+        self.ttft_s, self.interval_s = ttft_s, interval_s
+        self.stats = _Stats()
+        self.rng = random.Random(seed)
+
+    async def health(self, _):
+        from aiohttp import web
+
         return web.Response(text="")
 
-    async def version(_):
+    async def version(self, _):
+        from aiohttp import web
+
         return web.json_response({"version": "standin-1"})
 
-    async def models(_):
+    async def models(self, _):
+        from aiohttp import web
+
         return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in MODELS]})
 
-    async def metrics(_):
+    async def metrics(self, _):
+        from aiohttp import web
+
+        stats = self.stats
         lines = [
             f'vllm:prompt_tokens_total{{model_name="standin"}} {stats.prompt_tokens}',
             f'vllm:generation_tokens_total{{model_name="standin"}} {stats.generation_tokens}',
@@ -94,7 +115,17 @@ def make_app(ttft_s: float, interval_s: float, seed: int = 0, tokenize: bool = F
         ]
         return web.Response(text="\n".join(lines) + "\n")
 
-    async def complete(request: web.Request):
+    async def tokenize(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        chat = "messages" in body
+        n = prompt_tokens(body, chat) - (0 if chat or body.get("add_special_tokens", True) else SPECIAL_TOKENS)
+        return web.json_response({"count": n, "max_model_len": 4096, "tokens": list(range(n))})
+
+    async def complete(self, request):
+        from aiohttp import web
+
         received = time.monotonic()
         body = await request.json()
         chat = request.path.endswith("/chat/completions")
@@ -107,81 +138,87 @@ def make_app(ttft_s: float, interval_s: float, seed: int = 0, tokenize: bool = F
         n = int(body.get("max_tokens") or 16)
         n_prompt = prompt_tokens(body, chat)
         if not body.get("stream"):
-            text = "".join(f" t{i}" for i in range(n))
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-                      if chat else {"index": 0, "text": text, "finish_reason": "length"})
-            stats.prompt_tokens += n_prompt
-            stats.generation_tokens += n
-            stats.finished += 1
-            return web.json_response({"object": "chat.completion" if chat else "text_completion", "model": model,
-                                      "choices": [choice], "usage": {"prompt_tokens": n_prompt, "completion_tokens": n,
-                                                                     "total_tokens": n_prompt + n}})
+            return self._whole(model, chat, n, n_prompt)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        stats.running += 1
-        stats.prompt_tokens += n_prompt
-
-        def frame(text: str | None, finish: str | None = None) -> bytes:
-            if chat:
-                delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
-                choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text or "", "finish_reason": finish}
-            return b"data: " + json.dumps({"object": "chunk", "model": model, "choices": [choice]}).encode() + b"\n\n"
-
+        self.stats.running += 1
+        self.stats.prompt_tokens += n_prompt
         try:
-            if chat:
-                await resp.write(frame(None))
-            # A random phase within one token interval: streams that start together do not stay in
-            # lock-step (a real engine's batches do not deliver every stream's token at one instant).
-            phase = rng.uniform(0.0, interval_s)
-            await asyncio.sleep(max(0.0, ttft_s + phase - (time.monotonic() - received)))
-            for i in range(n):
-                if i == 0:
-                    stats.ttft_sum += time.monotonic() - received
-                    stats.ttft_count += 1
-                elif interval_s:
-                    await asyncio.sleep(interval_s)
-                if i == FAULT_AFTER_TOKENS:
-                    if model == "standin-error-frame":
-                        await resp.write(b'data: {"error": {"message": "engine failed mid-stream", "code": 500}}\n\n')
-                        await resp.write(b"data: [DONE]\n\n")
-                        return resp
-                    if model == "standin-drop":
-                        request.transport.close()
-                        return resp
-                    if model == "standin-stall":
-                        await asyncio.sleep(3600)
-                invisible = model == "standin-invisible" and i < FAULT_AFTER_TOKENS
-                await resp.write(frame("" if invisible else f" t{i}", "length" if i == n - 1 else None))
-                stats.generation_tokens += 1
-            usage = {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n}
-            await resp.write(b"data: " + json.dumps({"object": "chunk", "choices": [], "usage": usage}).encode() + b"\n\n")
-            if model != "standin-no-done":
-                await resp.write(b"data: [DONE]\n\n")
-            stats.finished += 1
-            await resp.write_eof()
+            await self._stream(request, resp, model, chat, n, n_prompt, received)
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
-            stats.running -= 1
+            self.stats.running -= 1
         return resp
 
-    async def tokenize_endpoint(request: web.Request):
-        body = await request.json()
-        chat = "messages" in body
-        n = prompt_tokens(body, chat) - (0 if chat or body.get("add_special_tokens", True) else SPECIAL_TOKENS)
-        return web.json_response({"count": n, "max_model_len": 4096, "tokens": list(range(n))})
+    def _whole(self, model: str, chat: bool, n: int, n_prompt: int):
+        from aiohttp import web
 
+        text = "".join(f" t{i}" for i in range(n))
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                  if chat else {"index": 0, "text": text, "finish_reason": "length"})
+        self.stats.prompt_tokens += n_prompt
+        self.stats.generation_tokens += n
+        self.stats.finished += 1
+        return web.json_response({"object": "chat.completion" if chat else "text_completion", "model": model,
+                                  "choices": [choice], "usage": {"prompt_tokens": n_prompt, "completion_tokens": n,
+                                                                 "total_tokens": n_prompt + n}})
+
+    async def _stream(self, request, resp, model: str, chat: bool, n: int, n_prompt: int, received: float) -> None:
+        stats = self.stats
+        if chat:
+            await resp.write(_frame(model, chat, None))
+        # A random phase within one token interval: streams that start together do not stay in
+        # lock-step (a real engine's batches do not deliver every stream's token at one instant).
+        phase = self.rng.uniform(0.0, self.interval_s)
+        await asyncio.sleep(max(0.0, self.ttft_s + phase - (time.monotonic() - received)))
+        for i in range(n):
+            if i == 0:
+                stats.ttft_sum += time.monotonic() - received
+                stats.ttft_count += 1
+            elif self.interval_s:
+                await asyncio.sleep(self.interval_s)
+            if i == FAULT_AFTER_TOKENS and model != "standin":
+                if await self._fault(request, resp, model):
+                    return
+            invisible = model == "standin-invisible" and i < FAULT_AFTER_TOKENS
+            await resp.write(_frame(model, chat, "" if invisible else f" t{i}", "length" if i == n - 1 else None))
+            stats.generation_tokens += 1
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n}
+        await resp.write(b"data: " + json.dumps({"object": "chunk", "choices": [], "usage": usage}).encode() + b"\n\n")
+        if model != "standin-no-done":
+            await resp.write(b"data: [DONE]\n\n")
+        stats.finished += 1
+        await resp.write_eof()
+
+    @staticmethod
+    async def _fault(request, resp, model: str) -> bool:
+        """The faulty models' fault, after FAULT_AFTER_TOKENS tokens; True when the stream ends here."""
+        if model == "standin-error-frame":
+            await resp.write(b'data: {"error": {"message": "engine failed mid-stream", "code": 500}}\n\n')
+            await resp.write(b"data: [DONE]\n\n")
+            return True
+        if model == "standin-drop":
+            request.transport.close()
+            return True
+        if model == "standin-stall":
+            await asyncio.sleep(3600)
+        return False
+
+
+def make_app(ttft_s: float, interval_s: float, seed: int = 0, tokenize: bool = False):
+    from aiohttp import web
+
+    handlers = _StandIn(ttft_s, interval_s, seed)
     app = web.Application()
     if tokenize:
-        app.router.add_post("/tokenize", tokenize_endpoint)
-    app.router.add_get("/health", health)
-    app.router.add_get("/version", version)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/v1/completions", complete)
-    app.router.add_post("/v1/chat/completions", complete)
+        app.router.add_post("/tokenize", handlers.tokenize)
+    app.router.add_get("/health", handlers.health)
+    app.router.add_get("/version", handlers.version)
+    app.router.add_get("/v1/models", handlers.models)
+    app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_post("/v1/completions", handlers.complete)
+    app.router.add_post("/v1/chat/completions", handlers.complete)
     return app
 
 

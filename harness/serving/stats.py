@@ -149,24 +149,30 @@ def prompt_lengths(records: Sequence[RequestRecord], tolerance: int) -> dict:
     }
 
 
-def client_noise(records: Sequence[RequestRecord], loop_lag: dict, host: dict, stall_share: float | None = None) -> dict:
+def client_noise(records: Sequence[RequestRecord], loop_lag: dict, host: dict, stall_share: float | None = None,
+                 end_late_s: float | None = None) -> dict:
     """The client's own share in what it measured (the gate's noise model reads these).
 
     client_time_share: of the time requests occupied the client's slots, the part the client
     added itself: schedule lag, plus the event-loop lag by which each request's end was noticed
-    late. A slower client lowers closed-loop throughput by about this share.
+    late (`end_late_s`, the lateness an end at a random instant meets, see `end_lateness_s`; the
+    probe's mean lag where that is not given). A slower client lowers closed-loop throughput by
+    about this share.
     loop_stall_share: the share of the run its event loop(s) stood still (the probe's lateness
     summed: one sample per stall carries the whole stall), per worker process.
     """
     sent = [r for r in records if r.sent_s > 0 or r.end_s > 0]
     lag = sum(max(0.0, r.schedule_lag_s) for r in sent)
     busy = sum(max(0.0, r.e2e_s) for r in sent)
-    loop_mean_s = (loop_lag.get("mean") or 0.0) / 1000.0
-    added = lag + loop_mean_s * len(sent)
+    late_s = (loop_lag.get("mean") or 0.0) / 1000.0
+    if end_late_s is not None:
+        late_s = max(late_s, end_late_s)
+    added = lag + late_s * len(sent)
     return {
         "client_time_share": added / (lag + busy) if lag + busy > 0 else None,
         "schedule_lag_share": lag / (lag + busy) if lag + busy > 0 else None,
         "loop_lag_mean_ms": loop_lag.get("mean"),
+        "end_lateness_ms": None if end_late_s is None else 1000 * end_late_s,
         "loop_stall_share": stall_share,
         **host,
     }
@@ -187,28 +193,13 @@ def summarize_run(
 ) -> dict:
     records = load.records
     ok = [r for r in records if r.ok]
-    failed = [r for r in records if not r.ok]
-    errors: dict[str, int] = {}
-    error_details: dict[str, str] = {}  # the first reason given for each failure class
-    for r in failed:
-        errors[r.error] = errors.get(r.error, 0) + 1
-        if r.error_detail:
-            error_details.setdefault(r.error, r.error_detail)
+    errors, error_details = _errors(r for r in records if not r.ok)
     duration = load.duration_s or math.nan
     output_tokens = sum(r.completion_tokens or 0 for r in ok)
     input_tokens = sum(r.prompt_tokens or 0 for r in ok)
     lag = summary(r.schedule_lag_s for r in records)
     loop_lag = summary(load.loop_lag_s)
-    reasons = []
-    if (lag["p50"] or 0) > LAG_P50_LIMIT_MS or (lag["p99"] or 0) > LAG_P99_LIMIT_MS:
-        reason = (f"schedule lag p50 {lag['p50']:.2f} ms / p99 {lag['p99']:.2f} ms "
-                  f"(limits {LAG_P50_LIMIT_MS:g} / {LAG_P99_LIMIT_MS:g} ms)")
-        first = sorted(records, key=lambda r: r.scheduled_s)[:concurrency or 0]
-        if concurrency and first and all(r.scheduled_s == 0 for r in first) and concurrency >= 16:
-            wave = summary(r.schedule_lag_s for r in first)
-            reason += (f"; the first {concurrency} sends were one burst (their lag p99 {wave['p99']:.1f} ms): "
-                       "--ramp-up spreads them")
-        reasons.append(reason)
+    reasons = _client_bound_reasons(records, lag, concurrency)
     warnings = []
     if (loop_lag["p99"] or 0) > LAG_P99_LIMIT_MS:
         warnings.append(f"event-loop lag p99 {loop_lag['p99']:.1f} ms: chunk timestamps may be late by as much "
@@ -219,7 +210,7 @@ def summarize_run(
         "request_rate": request_rate,
         "repeat": repeat,
         "requests_ok": len(ok),
-        "requests_failed": len(failed),
+        "requests_failed": len(records) - len(ok),
         "errors": errors,
         "error_details": error_details,
         "input_tokens": input_tokens,
@@ -243,7 +234,7 @@ def summarize_run(
         "client_bound": bool(reasons),
         "client_bound_reasons": reasons,
         "timing_warnings": warnings,
-        "client_noise": client_noise(records, loop_lag, load.host, stall_share(load)),
+        "client_noise": client_noise(records, loop_lag, load.host, stall_share(load), end_lateness_s(load)),
         "prompt_tokens": prompt_lengths(records, prompt_tolerance),
         "token_accounting": token_accounting(records, server_delta, count_output),
         "server_metrics": server_delta,
@@ -258,10 +249,45 @@ def summarize_run(
     return run
 
 
+def _errors(failed: Iterable[RequestRecord]) -> tuple[dict[str, int], dict[str, str]]:
+    """Failures per class, and the first reason given for each class."""
+    errors: dict[str, int] = {}
+    details: dict[str, str] = {}
+    for r in failed:
+        errors[r.error] = errors.get(r.error, 0) + 1
+        if r.error_detail:
+            details.setdefault(r.error, r.error_detail)
+    return errors, details
+
+
+def _client_bound_reasons(records: Sequence[RequestRecord], lag: dict, concurrency: int | None) -> list[str]:
+    """Why the client, not the server, set the pace (schedule lag past its limits), or []."""
+    if not ((lag["p50"] or 0) > LAG_P50_LIMIT_MS or (lag["p99"] or 0) > LAG_P99_LIMIT_MS):
+        return []
+    reason = (f"schedule lag p50 {lag['p50']:.2f} ms / p99 {lag['p99']:.2f} ms "
+              f"(limits {LAG_P50_LIMIT_MS:g} / {LAG_P99_LIMIT_MS:g} ms)")
+    first = sorted(records, key=lambda r: r.scheduled_s)[:concurrency or 0]
+    if concurrency and first and all(r.scheduled_s == 0 for r in first) and concurrency >= 16:
+        wave = summary(r.schedule_lag_s for r in first)
+        reason += (f"; the first {concurrency} sends were one burst (their lag p99 {wave['p99']:.1f} ms): "
+                   "--ramp-up spreads them")
+    return [reason]
+
+
 def stall_share(load: LoadResult) -> float | None:
     if not load.duration_s or load.duration_s <= 0:
         return None
     return sum(load.loop_lag_s) / (max(1, len(load.workers)) * load.duration_s)
+
+
+def end_lateness_s(load: LoadResult) -> float | None:
+    """How late the loop notices an event that lands at a random instant of the run (s): a stall
+    of L seconds is met with probability L / duration and then costs L / 2 on average, so the
+    expectation is sum(L^2) / (2 x duration) per worker. The probe's plain mean counts one sample
+    per stall (a 550 ms stall weighs as much as a 10 ms tick) and so misses what long stalls cost."""
+    if not load.duration_s or load.duration_s <= 0:
+        return None
+    return sum(x * x for x in load.loop_lag_s) / (2 * max(1, len(load.workers)) * load.duration_s)
 
 
 def client_workers(load: LoadResult) -> dict:
