@@ -337,7 +337,10 @@ def screenshots() -> str:
     lines = [f"The first screens of {', '.join(k for k in kinds if k in sizes)} are "
              f"{' and '.join(f'{w} x {h_} px' for w, h_ in scaled)}: taken at the browser tests' "
              f"{viewport['width']} x {viewport['height']} viewport and scaled by `scripts/report_screenshots.py`."]
-    lines += [f"`{k}.png` is {w} x {h_} px (`benchmarks/fleet/three_nodes.py`)." for k, (w, h_) in others.items()]
+    sources = {"vram-picture": "the memory picture section of `tests/data/reports/vram-picture.json.gz`, a CPU run of "
+                               "`suites/vram/test_memory_picture.py` on the committed H200 snapshots"}
+    lines += [f"`{k}.png` is {w} x {h_} px ({sources.get(k, '`benchmarks/fleet/three_nodes.py`')})."
+              for k, (w, h_) in others.items()]
     lines.append(f"The vram screenshot renders `tests/data/reports/vram.json.gz`, a CPU run of {day} with the "
                  f"estimator of that day: {m['rows']} rows, median |error| {pct(m['median_abs_error'])}, worst "
                  f"{pct(m['worst_abs_error'])}; held out {h['rows']} rows, median {pct(h['median_abs_error'])}, worst "

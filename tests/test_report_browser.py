@@ -156,6 +156,17 @@ def test_serving_page_first_screen(browser, shots, tmp_path, kind):
         assert "upgrade rehearsal" in visit.page.title()
 
 
+def test_vram_memory_picture_section(browser, shots, tmp_path):
+    """The memory picture of a QLoRA step and a generation, predicted beside measured, as the vram
+    report draws it from suites/vram/test_memory_picture.py's run on the committed H200 snapshots."""
+    visit = Visit(browser, _render_run("vram-picture", tmp_path))
+    assert visit.errors == [] and visit.requests == []
+    section = visit.page.locator("xpath=//div[@class='harness-section'][h3[starts-with(., 'Where the memory goes')]]")
+    assert section.locator("svg").count() == 2  # one QLoRA step, one generation
+    assert "measured" in section.inner_text()
+    section.screenshot(path=str(shots / "vram-picture.png"))
+
+
 def test_index_first_screen_and_links(browser, shots, tmp_path):
     for kind in RUN_KINDS:
         data = load(kind)
