@@ -23,7 +23,9 @@ def config(model_type: str, **extra) -> dict:
     return dict(DIMS, model_type=model_type, **extra)
 
 
-def saved_bytes(cfg: dict, attn: str) -> int:
+def frozen_model(cfg: dict, attn: str):
+    """The config's model with random fp32 weights, in train mode, every weight frozen and the
+    embeddings' output requiring grad (so the layers keep for backward what LoRA training keeps)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     data = dict(cfg)
@@ -33,6 +35,11 @@ def saved_bytes(cfg: dict, attn: str) -> int:
     for p in model.parameters():
         p.requires_grad_(False)
     model.get_input_embeddings().register_forward_hook(lambda mod, i, out: out.requires_grad_(True))
+    return model
+
+
+def saved_bytes(cfg: dict, attn: str) -> int:
+    model = frozen_model(cfg, attn)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -93,15 +100,7 @@ def _step_peak(cfg: dict, attn: str) -> int:
     """Peak live bytes of one forward + backward on CPU, from the profiler's memory timeline."""
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import MemoryProfile
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    data = dict(cfg)
-    hf = AutoConfig.for_model(data.pop("model_type"), **data)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(hf, dtype=torch.float32, attn_implementation=attn).train()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    model.get_input_embeddings().register_forward_hook(lambda mod, i, out: out.requires_grad_(True))
+    model = frozen_model(cfg, attn)
     ids = torch.randint(0, cfg["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(1))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
         out = model(input_ids=ids, labels=ids)
