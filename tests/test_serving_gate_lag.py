@@ -2,7 +2,8 @@
 while the client's own event-loop lag p99 was 239 ms. Reproduced for real: two benches of the same
 stand-in server, the candidate's with a thread that holds the GIL for ~200 ms at a time (the loop
 notices first tokens late by that much, as a starved client does). The gate must not call that a
-regression; a server that is truly slower, benched by the same stalling client, still is one."""
+regression; a server that is truly slower, benched by the same stalling client, still is one (by the
+client's TTFT, and always by the server's own /metrics TTFT, which no client lag can move)."""
 
 from __future__ import annotations
 
@@ -80,4 +81,8 @@ def test_a_truly_slower_server_is_still_caught_by_the_same_stalling_client(bench
     base, _, slow_stalled = benches
     result = cmp.compare(base, slow_stalled)
     verdicts = {c.metric: c.verdict for c in result.changes}
-    assert result.regressed and verdicts["ttft_p50"] == "regressed", cmp.format_table(result)
+    # TTFT as the client timed it, or, when the machine starves the client past what a 400 ms slower
+    # first token shows (loop lag p99 ~500 ms at load 20), as the server's own /metrics timed it
+    assert result.regressed and "regressed" in (verdicts["ttft_p50"], verdicts["server_ttft_mean"]), \
+        cmp.format_table(result)
+    assert verdicts["server_ttft_mean"] == "regressed", cmp.format_table(result)
