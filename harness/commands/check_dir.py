@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from . import print_verdict
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("directory", metavar="DIR", help="the model directory to check")
@@ -29,12 +31,7 @@ def run(args) -> int:
             json.dump({"ok": False, "findings": [], "directory": str(args.directory), "error": str(exc)}, sys.stdout)
             sys.stdout.write("\n")
         raise
-    if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print_text(report)
-    return 0 if report.ok else 1
+    return print_verdict(report, args.json, _print_text)
 
 
 def _print_text(report) -> None:

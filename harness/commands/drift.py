@@ -7,9 +7,9 @@ prompt set side by side, and the verdict. Exit 0 within the gate, 1 past it, 2 o
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
+
+from . import print_verdict
 
 
 def add_arguments(parser) -> None:
@@ -76,12 +76,7 @@ def run(args) -> int:
     except (OSError, RuntimeError, ImportError) as exc:
         hint = "" if args.python else " (a checkpoint this transformers cannot load: try --python of the venv that wrote it)"
         raise HarnessError(f"could not run the models: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}{hint}") from None
-    if args.json:
-        json.dump(result.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print_text(result)
-    return 0 if result.ok else 1
+    return print_verdict(result, args.json, _print_text)
 
 
 def _print_text(result) -> None:
