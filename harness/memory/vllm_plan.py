@@ -15,10 +15,11 @@ vLLM sizes its KV cache once, at start-up (read from its source, per version ran
   logged). Sampler: requests x vocab x 37.5 bytes (fp16 logits, their fp32 copy, sort values and
   int64 indices of top-p/top-k, softmax buffers; measured from two logs that differ only in
   max_num_seqs: (1.78 - 1.61) GiB / (32 x 151936)); with FlashInfer's sampler ~14.5 bytes (one
-  log: 0.45 GiB for 256 x 128256 logits); the V2 model runner's dummy sampler skips top-k/top-p
-  and works on the logits in place (Triton kernels; the Gumbel-max sample allocates nothing of
-  that size): 2 bytes, the logits in the model's dtype (0.26.0 on the H200: 1024 x 151936 logits
-  and a 0.54 GiB peak, below their fp32 copy alone). Kernels that dequantize a whole weight (AWQ/GPTQ before
+  log: 0.45 GiB for 256 x 128256 logits); the V2 model runner's dummy sampler skips top-k/top-p:
+  from 0.27 ~6 bytes (the logits in both dtypes; the 0.27.1 log), in 0.22-0.26 it works on the
+  logits in place (Triton kernels; the Gumbel-max sample allocates nothing of that size): 2 bytes,
+  the logits in the model's dtype (0.26.0 on the H200: 1024 x 151936 logits and a 0.54 GiB peak,
+  below their fp32 copy alone). Kernels that dequantize a whole weight (AWQ/GPTQ before
   sm80, bitsandbytes) add the largest layer in fp16. The larger of forward and sampler counts:
   the forward's tensors are freed before the sampler runs, except the hidden states.
 - non-torch and what else is counted depends on the version (see REGIMES below).
@@ -66,7 +67,7 @@ DEFAULT_VERSION = "0.32"
 OLDEST_VERSION, NEWEST_VERSION = (0, 5, 0), (0, 33, 99)  # the releases these rules were read from
 
 # The dummy sampler's bytes per (request x vocabulary) element, see the module docstring.
-SAMPLER_BYTES = {"v0": 37.5, "v1": 37.5, "v1-flashinfer": 14.5, "v2": 2.0}
+SAMPLER_BYTES = {"v0": 37.5, "v1": 37.5, "v1-flashinfer": 14.5, "v2": 6.0, "v2-in-place": 2.0}
 # Device memory in use by this process before vLLM's first snapshot (CUDA context, cuBLAS
 # handles): 0.41-0.49 GiB in the V1 logs' "Free memory on device (x/y)" lines.
 CUDA_CONTEXT_BYTES = int(0.45 * GiB)
@@ -260,7 +261,7 @@ def resolve_engine_settings(facts: ModelFacts, q: VllmQuery) -> EngineSettings:
         tokens = q.max_num_batched_tokens or default_tokens
         requests = min(seqs, tokens)
     if runner == "v2":
-        sampler = "v2"
+        sampler = "v2" if v >= (0, 27) else "v2-in-place"
     elif runner == "v1" and q.flashinfer_sampler:
         sampler = "v1-flashinfer"
     else:
