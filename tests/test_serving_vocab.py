@@ -6,14 +6,16 @@ the over-length prompt's verdict (vLLM's reason and its max_model_len) rides on 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from harness.serving.client import Target
 from harness.serving.launcher import launch_vllm
+from harness.serving.runner import BenchConfig, run_bench
+from harness.serving.workload import Workload
 from tests.serving_vocab_model import foreign_vocab_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,15 +42,16 @@ def server(settings, tmp_path_factory):
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
 @pytest.mark.parametrize("length", [32, 256, 1024])
-def test_prompt_lengths_are_exact_for_a_tokenizer_without_english_words(server, tmp_path, record, api, length):
-    out = tmp_path / "r.json"
-    proc = _cli("bench", "--endpoint", server.base_url + "/v1", "--model", "foreign-vocab", "--api", api,
-                "--num-prompts", "4", "--input-len", str(length), "--output-len", "16", "--warmup", "0",
-                "--workers", "1", "--out", str(out))
-    data = json.loads(out.read_text())
+def test_prompt_lengths_are_exact_for_a_tokenizer_without_english_words(server, record, api, length):
+    # bench's runner in this process (the command's own code path past argument parsing, which
+    # tests/test_serving_cli.py covers): no interpreter start per case
+    cfg = BenchConfig(target=Target(server.base_url, "foreign-vocab", api=api, timeout_s=300),
+                      workload=Workload(input_len=length, output_len=4, num_prompts=4, api=api),
+                      concurrencies=[4], warmup=0, workers=1, quiet=True)
+    data = run_bench(cfg)
     # A random byte-level model may stream only halves of UTF-8 characters: no visible text is a
     # failure of the request ("no_content"), and the only one allowed here; its usage still counts.
-    assert proc.returncode in (0, 1) and set(data["runs"][0]["errors"]) <= {"no_content"}, proc.stderr[-2000:]
+    assert set(data["runs"][0]["errors"]) <= {"no_content"}, data["runs"][0]["error_details"]
     cal, run = data["prompt_calibration"], data["runs"][0]
     usage = [r["prompt_tokens"] for r in run["requests"]]
     record(api=api, requested=length, usage=usage, method=cal["method"], calibration_requests=cal["requests"])
