@@ -30,12 +30,12 @@ class Gate:
     min_top1: float | None = None  # meaningful on a real model only
 
 
-# Measured on smollm2-135m (bf16 base) over the held-out text, 1020 positions (docs/quant.md):
-# round-to-nearest W4A16 g64, the crudest sane 4-bit: mean KL 0.373, p99 1.43, top-1 64.7%, ppl
-# 30.3 -> 41.2; the GPTQ <-> AWQ repack bug: mean KL 14.3, p99 27.7, top-1 0.3%. The limits sit
-# ~2.7x above RTN's figures (GPTQ/AWQ, which calibrate, should land below RTN) and 14x below the
-# broken repack's mean, so neither side is near the line. A 135M model is far more sensitive to
-# 4 bits than a 7B one: for larger models tighten --max-mean-kl (llama.cpp's Q4_K_M ~0.03).
+# Measured on smollm2-135m (bf16 base) over the held-out text, 1020 positions, W4A16 g64
+# (benchmarks/quant/real_drift.py; docs/quant.md): AWQ mean KL 0.15, p99 0.57, top-1 76%; RTN
+# 0.37 / 1.43 / 65%; GPTQ 0.61 / 2.31 / 59%; GPTQ repacked in AWQ order (broken) 15.2 / 30.6 /
+# 0.1%. The limits sit above the worst sane one (1.6x GPTQ's mean, 2.6x its p99) and the broken
+# repack 15x past the mean limit. A 135M model is far more sensitive to 4 bits than a 7B one:
+# for larger models tighten --max-mean-kl (llama.cpp's Q4_K_M ~0.03).
 REAL_MODEL_GATE = Gate(max_mean_kl=1.0, max_p99_kl=6.0, min_top1=0.5)
 
 

