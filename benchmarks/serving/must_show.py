@@ -88,79 +88,80 @@ def standin_part(out: Path, levels=(64, 128, 256, 512), ttft_ms=50.0, interval_m
                      f"first sends ramped {1000 * RAMP_PER_STREAM_S:g} ms apart; lag = actual - scheduled send time"}
 
 
-def vllm_part(out: Path, vllm_python: Path, levels=(1, 4, 16), num_prompts=64, input_len=128, output_len=64) -> dict:
-    from harness.models import tiny_model_dir
-    from harness.serving.launcher import launch_vllm
+def _bench_level(server, model: Path, vllm_python: Path, out: Path, c: int, n: int, input_len: int,
+                 output_len: int) -> tuple[list[dict], list[dict]]:
+    """Harness, vllm bench serve, harness, vllm bench serve at concurrency c: (our runs, theirs)."""
     from harness.serving.runner import BenchConfig, run_bench
 
-    model = tiny_model_dir("qwen2")
-    rows_ttft, rows_side = [], []
-    flags = ["--max-model-len", "1024", "--max-num-seqs", "64"]
-    with launch_vllm(vllm_python, model, flags, log_dir=out / "logs", served_model_name="tiny-qwen2") as server:
-        for c in levels:
-            ours, theirs_runs = [], []
-            n = max(num_prompts, 16 * c)  # runs of a few seconds: a 1-second run is mostly ramp and tail
-            for attempt in ("ours", "theirs", "ours", "theirs"):
-                if attempt == "ours":
-                    cfg = BenchConfig(target=Target(server.base_url, "tiny-qwen2", timeout_s=120),
-                                      workload=Workload(input_len=input_len, output_len=output_len, num_prompts=n,
-                                                        seed=len(ours) + 10 * c),
-                                      concurrencies=[c], warmup=2, tokenizer_dir=model, keep_requests=False,
-                                      environment=server.environment(), quiet=True)
-                    data = run_bench(cfg)
-                    write_atomic(out / f"vllm-ours-c{c}-{len(ours)}.json", data)
-                    ours.append(data["runs"][0])
-                else:
-                    result_file = out / f"vllm-bench-serve-c{c}-{len(theirs_runs)}.json"
-                    cmd = [str(vllm_python), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", server.base_url,
-                           "--endpoint", "/v1/completions", "--model", "tiny-qwen2", "--tokenizer", str(model),
-                           "--dataset-name", "random", "--random-input-len", str(input_len),
-                           "--random-output-len", str(output_len), "--num-prompts", str(n),
-                           "--max-concurrency", str(c), "--ignore-eos", "--num-warmups", "2", "--disable-tqdm",
-                           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-                           "--save-result", "--result-dir", str(out), "--result-filename", result_file.name]
-                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-                    if proc.returncode != 0:
-                        say(f"vLLM bench serve failed: {proc.stderr[-800:]}")
-                    else:
-                        theirs_runs.append(json.loads(result_file.read_text()))
-            for i, run in enumerate(ours):
-                server_mean = run["server_metrics"]["ttft_mean_ms"]
-                client_mean = run["ttft_ms"]["mean"]
-                acct = run["token_accounting"]
-                allowed = max(15.0, 0.3 * server_mean)
-                rows_ttft.append({
-                    "concurrency": c, "run": i + 1, "client TTFT mean ms": client_mean,
-                    "server histogram TTFT mean ms": server_mean, "difference ms": client_mean - server_mean,
-                    "allowed ms": allowed,
-                    "TTFT bar": "pass" if abs(client_mean - server_mean) <= allowed else "fail",
-                    "usage in/out": f"{acct['usage_input_tokens']}/{acct['usage_output_tokens']}",
-                    "/metrics in/out": f"{acct['metrics_prompt_tokens']:g}/{acct['metrics_generation_tokens']:g}",
-                    "tokenizer in": acct["tokenizer_input_tokens"],
-                    "tokens bar": "pass" if acct["agree"] else "fail",
-                    "client-bound": run["client_bound"], "loop lag p99 ms": run["loop_lag_ms"]["p99"],
-                })
-            if theirs_runs:
-                mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-                ours_p50 = mean([r["ttft_ms"]["p50"] for r in ours])
-                ours_tput = mean([r["output_throughput"] for r in ours])
-                their_p50 = mean([t["median_ttft_ms"] for t in theirs_runs])
-                their_tput = mean([t["output_throughput"] for t in theirs_runs])
-                rows_side.append({
-                    "concurrency": c, "requests per run": n,
-                    "harness TTFT p50 ms (2 runs)": " / ".join(f"{r['ttft_ms']['p50']:.1f}" for r in ours),
-                    "vllm bench TTFT p50 ms (2 runs)": " / ".join(f"{t['median_ttft_ms']:.1f}" for t in theirs_runs),
-                    "TTFT p50 diff % (means)": 100 * (ours_p50 / their_p50 - 1),
-                    "harness output tok/s (2 runs)": " / ".join(f"{r['output_throughput']:.0f}" for r in ours),
-                    "vllm bench output tok/s (2 runs)": " / ".join(f"{t['output_throughput']:.0f}" for t in theirs_runs),
-                    "throughput diff % (means)": 100 * (ours_tput / their_tput - 1),
-                    "harness TPOT p50 ms": mean([r["tpot_ms"]["p50"] for r in ours]),
-                    "vllm bench TPOT p50 ms": mean([t["median_tpot_ms"] for t in theirs_runs]),
-                    "vllm bench input tokens / request": theirs_runs[0]["total_input_tokens"] / theirs_runs[0]["completed"],
-                    "vllm bench output tokens": theirs_runs[0].get("total_output_tokens"),
-                    "_ours_p50": ours_p50, "_their_p50": their_p50, "_ours_tput": ours_tput, "_their_tput": their_tput,
-                })
-            say(f"vLLM c={c}: {rows_ttft[-1]} | {rows_side[-1] if rows_side else 'no vllm bench'}")
+    ours, theirs_runs = [], []
+    for attempt in ("ours", "theirs", "ours", "theirs"):
+        if attempt == "ours":
+            cfg = BenchConfig(target=Target(server.base_url, "tiny-qwen2", timeout_s=120),
+                              workload=Workload(input_len=input_len, output_len=output_len, num_prompts=n,
+                                                seed=len(ours) + 10 * c),
+                              concurrencies=[c], warmup=2, tokenizer_dir=model, keep_requests=False,
+                              environment=server.environment(), quiet=True)
+            data = run_bench(cfg)
+            write_atomic(out / f"vllm-ours-c{c}-{len(ours)}.json", data)
+            ours.append(data["runs"][0])
+            continue
+        result_file = out / f"vllm-bench-serve-c{c}-{len(theirs_runs)}.json"
+        cmd = [str(vllm_python), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", server.base_url,
+               "--endpoint", "/v1/completions", "--model", "tiny-qwen2", "--tokenizer", str(model),
+               "--dataset-name", "random", "--random-input-len", str(input_len),
+               "--random-output-len", str(output_len), "--num-prompts", str(n),
+               "--max-concurrency", str(c), "--ignore-eos", "--num-warmups", "2", "--disable-tqdm",
+               "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+               "--save-result", "--result-dir", str(out), "--result-filename", result_file.name]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            say(f"vLLM bench serve failed: {proc.stderr[-800:]}")
+        else:
+            theirs_runs.append(json.loads(result_file.read_text()))
+    return ours, theirs_runs
+
+
+def _ttft_row(c: int, i: int, run: dict) -> dict:
+    server_mean = run["server_metrics"]["ttft_mean_ms"]
+    client_mean = run["ttft_ms"]["mean"]
+    acct = run["token_accounting"]
+    allowed = max(15.0, 0.3 * server_mean)
+    return {
+        "concurrency": c, "run": i + 1, "client TTFT mean ms": client_mean,
+        "server histogram TTFT mean ms": server_mean, "difference ms": client_mean - server_mean,
+        "allowed ms": allowed,
+        "TTFT bar": "pass" if abs(client_mean - server_mean) <= allowed else "fail",
+        "usage in/out": f"{acct['usage_input_tokens']}/{acct['usage_output_tokens']}",
+        "/metrics in/out": f"{acct['metrics_prompt_tokens']:g}/{acct['metrics_generation_tokens']:g}",
+        "tokenizer in": acct["tokenizer_input_tokens"],
+        "tokens bar": "pass" if acct["agree"] else "fail",
+        "client-bound": run["client_bound"], "loop lag p99 ms": run["loop_lag_ms"]["p99"],
+    }
+
+
+def _side_row(c: int, n: int, ours: list[dict], theirs_runs: list[dict]) -> dict:
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    ours_p50 = mean([r["ttft_ms"]["p50"] for r in ours])
+    ours_tput = mean([r["output_throughput"] for r in ours])
+    their_p50 = mean([t["median_ttft_ms"] for t in theirs_runs])
+    their_tput = mean([t["output_throughput"] for t in theirs_runs])
+    return {
+        "concurrency": c, "requests per run": n,
+        "harness TTFT p50 ms (2 runs)": " / ".join(f"{r['ttft_ms']['p50']:.1f}" for r in ours),
+        "vllm bench TTFT p50 ms (2 runs)": " / ".join(f"{t['median_ttft_ms']:.1f}" for t in theirs_runs),
+        "TTFT p50 diff % (means)": 100 * (ours_p50 / their_p50 - 1),
+        "harness output tok/s (2 runs)": " / ".join(f"{r['output_throughput']:.0f}" for r in ours),
+        "vllm bench output tok/s (2 runs)": " / ".join(f"{t['output_throughput']:.0f}" for t in theirs_runs),
+        "throughput diff % (means)": 100 * (ours_tput / their_tput - 1),
+        "harness TPOT p50 ms": mean([r["tpot_ms"]["p50"] for r in ours]),
+        "vllm bench TPOT p50 ms": mean([t["median_tpot_ms"] for t in theirs_runs]),
+        "vllm bench input tokens / request": theirs_runs[0]["total_input_tokens"] / theirs_runs[0]["completed"],
+        "vllm bench output tokens": theirs_runs[0].get("total_output_tokens"),
+        "_ours_p50": ours_p50, "_their_p50": their_p50, "_ours_tput": ours_tput, "_their_tput": their_tput,
+    }
+
+
+def _svgs(rows_ttft: list[dict], rows_side: list[dict]) -> list[str]:
     xs = sorted({r["concurrency"] for r in rows_ttft})
 
     def mean_of(key):
@@ -179,7 +180,26 @@ def vllm_part(out: Path, vllm_python: Path, levels=(1, 4, 16), num_prompts=64, i
             "harness output tok/s": (sx, [r["_ours_tput"] for r in rows_side]),
             "vllm bench serve output tok/s": (sx, [r["_their_tput"] for r in rows_side])},
             title="Output throughput: harness against vLLM's benchmark", xlabel="concurrency", ylabel="tokens/s", logx=True))
-    return {"ttft_rows": rows_ttft, "side_rows": rows_side, "svg": svgs, "startup": server.startup.to_json(),
+    return svgs
+
+
+def vllm_part(out: Path, vllm_python: Path, levels=(1, 4, 16), num_prompts=64, input_len=128, output_len=64) -> dict:
+    from harness.models import tiny_model_dir
+    from harness.serving.launcher import launch_vllm
+
+    model = tiny_model_dir("qwen2")
+    rows_ttft, rows_side = [], []
+    flags = ["--max-model-len", "1024", "--max-num-seqs", "64"]
+    with launch_vllm(vllm_python, model, flags, log_dir=out / "logs", served_model_name="tiny-qwen2") as server:
+        for c in levels:
+            n = max(num_prompts, 16 * c)  # runs of a few seconds: a 1-second run is mostly ramp and tail
+            ours, theirs_runs = _bench_level(server, model, vllm_python, out, c, n, input_len, output_len)
+            rows_ttft += [_ttft_row(c, i, run) for i, run in enumerate(ours)]
+            if theirs_runs:
+                rows_side.append(_side_row(c, n, ours, theirs_runs))
+            say(f"vLLM c={c}: {rows_ttft[-1]} | {rows_side[-1] if rows_side else 'no vllm bench'}")
+    return {"ttft_rows": rows_ttft, "side_rows": rows_side, "svg": _svgs(rows_ttft, rows_side),
+            "startup": server.startup.to_json(),
             "setup": f"vLLM {server.startup.version} CPU build, tiny qwen2 (hidden 256, 2 layers), flags {' '.join(flags)}, "
                      f"max({num_prompts}, 16 x concurrency) prompts x {input_len} in / {output_len} out per run; order per "
                      f"level: harness, vllm bench serve, harness, vllm bench serve; the client shares the server's "

@@ -353,7 +353,7 @@ def train_phase(cases: list[TrainCase], model_dirs: dict[str, Path], out_dir: Pa
 # ---------------------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--time-limit-s", type=float, default=540)
@@ -371,33 +371,30 @@ def main(argv=None) -> int:
     ap.add_argument("--no-all-gpu", action="store_true", help="skip the all-GPU decode of the offload arch")
     ap.add_argument("--layer-ms", type=float, default=None, help="per-layer decode cost for the prediction")
     ap.add_argument("--offload-worker", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.offload_worker:
-        spec = json.loads(Path(args.offload_worker).read_text())
-        atomic.write_json(Path(args.out), offload_worker(spec))
-        return 0
-    deadline = T0 + args.time_limit_s
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    skip = set(filter(None, args.skip.split(",")))
+    return ap.parse_args(argv)
+
+
+def run_environment(device: str) -> dict:
     from harness.memory.train_matrix import environment
 
-    env_info = environment(args.device)
-    if args.device.startswith("cuda"):
+    env_info = environment(device)
+    if device.startswith("cuda"):
         from harness.memory.measure import cuda_context_bytes
 
-        env_info["context_bytes"] = cuda_context_bytes(args.device)  # this driver's own context
+        env_info["context_bytes"] = cuda_context_bytes(device)  # this driver's own context
     env_info["budget_bytes"] = BUDGET
-    log(f"environment: {env_info}")
+    return env_info
+
+
+def plan_cases(args: argparse.Namespace, out: Path) -> tuple[list, dict, Path | None]:
+    """(cases, arch -> model dir, the offload arch's dir) for the smoke, follow-up or grid run."""
     rng = random.Random(13)
     if args.smoke:
         from harness.models import tiny_model_dir
 
         tiny = tiny_model_dir("qwen2")
-        model_dirs = {a: tiny for a in FIT_ARCHS + HOLDOUT_ARCHS}
-        cases = smoke_cases()
-        offload_dir = tiny
-    elif args.cases_json or args.validation:
+        return smoke_cases(), {a: tiny for a in FIT_ARCHS + HOLDOUT_ARCHS}, tiny
+    if args.cases_json or args.validation:
         if args.validation:
             cases = validation_cases(random.Random(2026))
             atomic.write_json(out / "cases.json", [asdict(c) for c in cases])
@@ -406,38 +403,53 @@ def main(argv=None) -> int:
             cases = [TrainCase(**c) for c in json.loads(Path(args.cases_json).read_text())]
         archs = tuple(dict.fromkeys([c.arch for c in cases] + [args.offload_arch]))
         model_dirs = save_models(archs, Path(args.model_root), args.device, T0 + 110)
-        offload_dir = model_dirs.get(args.offload_arch)
-    else:
-        matrix = case_grid(rng, FIT_ARCHS + HOLDOUT_ARCHS, args.per_cell)
-        boundary = boundary_cases(rng, FIT_ARCHS + HOLDOUT_ARCHS, args.boundary)
-        rng.shuffle(matrix)
-        # boundary cases spread through the first two thirds: a run cut short still has most of them
-        cases = list(matrix)
-        step = max(1, (2 * len(matrix) // 3) // max(1, len(boundary)))
-        for i, c in enumerate(boundary):
-            cases.insert(i * (step + 1), c)
-        log(f"{len(matrix)} matrix cases, {len(boundary)} boundary cases")
-        model_dirs = save_models(FIT_ARCHS + HOLDOUT_ARCHS + (OFFLOAD_ARCH,), Path(args.model_root), args.device,
-                                 T0 + 150)
-        offload_dir = model_dirs.get(OFFLOAD_ARCH)
+        return cases, model_dirs, model_dirs.get(args.offload_arch)
+    matrix = case_grid(rng, FIT_ARCHS + HOLDOUT_ARCHS, args.per_cell)
+    boundary = boundary_cases(rng, FIT_ARCHS + HOLDOUT_ARCHS, args.boundary)
+    rng.shuffle(matrix)
+    # boundary cases spread through the first two thirds: a run cut short still has most of them
+    cases = list(matrix)
+    step = max(1, (2 * len(matrix) // 3) // max(1, len(boundary)))
+    for i, c in enumerate(boundary):
+        cases.insert(i * (step + 1), c)
+    log(f"{len(matrix)} matrix cases, {len(boundary)} boundary cases")
+    model_dirs = save_models(FIT_ARCHS + HOLDOUT_ARCHS + (OFFLOAD_ARCH,), Path(args.model_root), args.device,
+                             T0 + 150)
+    return cases, model_dirs, model_dirs.get(OFFLOAD_ARCH)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.offload_worker:
+        spec = json.loads(Path(args.offload_worker).read_text())
+        atomic.write_json(Path(args.out), offload_worker(spec))
+        return 0
+    deadline = T0 + args.time_limit_s
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    skip = set(filter(None, args.skip.split(",")))
+    env_info = run_environment(args.device)
+    log(f"environment: {env_info}")
+    cases, model_dirs, offload_dir = plan_cases(args, out)
+    follow_up = bool(args.cases_json or args.validation)
+
     def offload():
         if "offload" in skip or not args.device.startswith("cuda") or offload_dir is None:
             return
         try:
             offload_phase(offload_dir, out, args.device, min(deadline, T0 + 0.45 * args.time_limit_s) if not
-                          (args.cases_json or args.validation) else deadline, env_info, args.offload_arch,
+                          follow_up else deadline, env_info, args.offload_arch,
                           tuple(int(b) for b in args.offload_budgets.split(",") if b), not args.no_all_gpu,
                           args.layer_ms)
         except Exception as exc:  # noqa: BLE001 - the training phase must still run
             log(f"offload phase failed: {type(exc).__name__}: {exc}")
 
-    if not (args.cases_json or args.validation):
+    if not follow_up:
         offload()
     if "train" not in skip:
-        train_phase(cases, model_dirs, out, args.device,
-                    deadline if not (args.cases_json or args.validation) else T0 + 0.6 * args.time_limit_s,
+        train_phase(cases, model_dirs, out, args.device, deadline if not follow_up else T0 + 0.6 * args.time_limit_s,
                     env_info, args.slots)
-    if args.cases_json or args.validation:  # the follow-up runs: training cases first (their timing does not matter)
+    if follow_up:  # the follow-up runs: training cases first (their timing does not matter)
         offload()
     log("done")
     return 0
