@@ -11,15 +11,16 @@ from harness.memory.measure import MemoryTracker
 
 
 def test_tracker_on_cpu_reports_host_rss_peak():
-    import numpy as np
+    import mmap
+    import time
 
     with MemoryTracker("cpu", interval_s=0.002) as t:
-        block = np.ones(64 * 2**20, dtype=np.uint8)  # 64 MiB touched
-        block.sum()
-        import time
-
-        time.sleep(0.05)
-        del block
+        # fresh anonymous pages, touched: a malloc'ed block could reuse what an earlier test in this
+        # worker freed and left resident, and the RSS would not move
+        block = mmap.mmap(-1, 64 * 2**20)
+        block.write(b"\1" * len(block))
+        time.sleep(0.2)  # several sampler periods, also on a loaded box
+        block.close()
     r = t.result
     assert r.peak_bytes is None and r.nvml_peak_bytes is None  # nothing to read on a CPU
     assert r.host_rss_peak_bytes >= r.host_rss_start_bytes + 48 * 2**20
