@@ -95,8 +95,7 @@ class RequestRecord:
 
     @property
     def ttft_s(self) -> float | None:
-        first = self.first_token_s if self.first_token_s is not None else (self.chunk_s[0] if self.chunk_s else None)
-        return None if first is None else first - self.sent_s
+        return None if self.first_token_s is None else self.first_token_s - self.sent_s
 
     @property
     def e2e_s(self) -> float:
@@ -237,9 +236,9 @@ async def send_one(
                         if message is not None:
                             record.error, record.error_detail = "error_frame", str(message)[:300]
                             return record
-                        if record.first_token_s is None and _carries_token(frame):
-                            record.first_token_s = now
                         text = _chunk_text(frame)
+                        if record.first_token_s is None and (text or _carries_token(frame)):
+                            record.first_token_s = now
                         if text:
                             record.chunk_s.append(now)
                             pieces.append(text)
