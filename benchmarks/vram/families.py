@@ -13,7 +13,16 @@ boundary cases interleaved, then the other families, then inference. The driver 
 once less than CASE_MIN_S is left and kills what still runs at the deadline; DIR/DONE is written
 last, with the counts.
 
-Held out of any fit (never used to choose a coefficient): qwen3-1.7b and phi-4-mini (FIT_EXCLUDED).
+Held out of any fit (never used to choose a coefficient): qwen3-1.7b and phi-4-mini, and the second
+run's mistral-7b-v0.3 and qwen3-30b-a3b (FIT_EXCLUDED).
+
+`--set` (default: $FAMILIES_SET, else "issue27") picks the job set: "issue27", the first run above;
+"mistral-moe", the second (benchmarks/vram/measured-families-2/): Mistral-7B v0.3's QLoRA training
+matrix with >= 12 plan --train 6 GiB boundary cases interleaved, Qwen3-30B-A3B's bf16 inference on
+the whole GPU (prefill and generate, built on the GPU by harness.memory.moe_case: no 61 GB
+checkpoint) and its `plan --offload` placement run for real under a 6 GiB cap (weights of the
+offloaded layers in host RAM), then Mistral's inference at bf16 and nf4-dq. The MoE cases start
+while Mistral's random checkpoint is still being saved.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,7 +46,11 @@ from harness import atomic  # noqa: E402
 from harness.memory.train_matrix import TrainCase  # noqa: E402
 
 FAMILIES = ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "phi-4-mini")
-FIT_EXCLUDED = ("qwen3-1.7b", "phi-4-mini")
+FIT_EXCLUDED = ("qwen3-1.7b", "phi-4-mini", "mistral-7b-v0.3", "qwen3-30b-a3b")
+SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")}
+BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
+MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
+OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
 BUDGET = 6 * 2**30
 ASSUMED_CONTEXT = 640 * 2**20
 CASE_TIMEOUT_S = 150
@@ -74,10 +88,9 @@ def snapshot_jobs(arch: str = "gemma-2-2b") -> list[dict]:
              "claim": 12 * 2**30}]
 
 
-def matrix_cases(arch: str) -> list[TrainCase]:
+def matrix_cases(arch: str, shapes=((512, 1), (1024, 1), (2048, 1), (1024, 2))) -> list[TrainCase]:
     """nf4-dq QLoRA: {all-linear, attention} x r {8, 64} x checkpointing {on, off}, the length and
-    batch rotated through (512, 1), (1024, 1), (2048, 1), (1024, 2) so each family spans them."""
-    shapes = ((512, 1), (1024, 1), (2048, 1), (1024, 2))
+    batch rotated through `shapes` (seq, batch) so each family spans them."""
     out, i = [], 0
     for gc_on in (True, False):
         for targets in ("all", attn_targets(arch)):
@@ -88,7 +101,7 @@ def matrix_cases(arch: str) -> list[TrainCase]:
     return out
 
 
-def boundary_cases(rng: random.Random, per_family: int) -> list[TrainCase]:
+def boundary_cases(rng: random.Random, per_family: int, families=FAMILIES) -> list[TrainCase]:
     """Per family, cases whose `plan --train` verdict (planned x (1 + reserve) against 6 GiB -
     context) lies within +-25% of the cap, half on each side: the real OOM under the cap is the
     truth."""
@@ -96,7 +109,7 @@ def boundary_cases(rng: random.Random, per_family: int) -> list[TrainCase]:
     from harness.memory.shape import model_shape
 
     out: list[TrainCase] = []
-    for arch in FAMILIES:
+    for arch in families:
         shape = model_shape(arch)
         below, above, tries = [], [], 0
         while len(below) + len(above) < per_family and tries < 1500:
@@ -146,13 +159,68 @@ def train_job(case: TrainCase) -> dict:
 
 def infer_job(arch: str, precision: str) -> dict:
     return {"kind": "infer", "arch": arch, "precision": precision, "name": f"infer-{arch}-{precision}",
-            "claim": 12 * 2**30}
+            "claim": infer_claim(arch, precision)}
 
 
-def all_jobs(smoke: bool = False) -> list[dict]:
-    if smoke:
-        tiny = TrainCase("qwen2.5-0.5b", "bf16", "attn", 8, True, 1, 32, "adamw_torch", steps=1)
+def infer_claim(arch: str, precision: str) -> int:
+    """12 GiB for the small families; else 1.3 x the largest predicted case + 1 GiB."""
+    if arch in BUILT_ON_DEVICE:
+        return MOE_CLAIM
+    from harness.memory.estimate import Query, estimate
+    from harness.memory.shape import model_shape
+
+    try:
+        shape = _SHAPES.setdefault(arch, model_shape(arch))
+        seq, new = INFER["generate"]
+        peak = max(estimate(shape, Query(precision, "prefill", seq_len=max(INFER["prefill_lens"]),
+                                         batch=max(INFER["batches"]))).peak_bytes,
+                   estimate(shape, Query(precision, "generate", seq_len=seq, new_tokens=new,
+                                         batch=max(INFER["batches"]))).peak_bytes)
+    except Exception:  # noqa: BLE001
+        return 24 * 2**30
+    return max(12 * 2**30, int(1.3 * peak) + 2**30)
+
+
+def offload_job(arch: str, budget: int = BUDGET) -> dict:
+    return {"kind": "offload", "arch": arch, "budget_bytes": budget, "name": f"offload-{arch}-{budget >> 30}gib",
+            "claim": budget + 2**30, "timeout_s": OFFLOAD_TIMEOUT_S}
+
+
+def interleave(train: list[dict], boundary: list[dict]) -> list[dict]:
+    """Boundary cases spread through the training cases: a run cut short still has most of them."""
+    train = list(train)
+    step = max(1, len(train) // max(1, len(boundary)))
+    for i, b in enumerate(boundary):
+        train.insert(i * (step + 1), b)
+    return train
+
+
+def mistral_moe_jobs() -> list[dict]:
+    """The second run, most valuable first: the MoE's inference on the whole GPU and its offloaded
+    run (long: started at once, beside the rest), Mistral's training matrix with its boundary
+    cases, then Mistral's inference."""
+    arch, moe = SETS["mistral-moe"]
+    rng = random.Random(2727)
+    boundary = [train_job(c) for c in boundary_cases(rng, 14, (arch,))]
+    # a 7B without checkpointing keeps ~20 GiB per 1k tokens: shorter shapes keep claims within the pool
+    train = interleave([train_job(c) for c in matrix_cases(arch, ((512, 1), (1024, 1), (1536, 1), (512, 2)))],
+                       boundary)
+    return ([infer_job(moe, "bf16"), offload_job(moe)] + train
+            + [infer_job(arch, "nf4-dq"), infer_job(arch, "bf16")])
+
+
+def smoke_jobs(job_set: str) -> list[dict]:
+    tiny = TrainCase("qwen2.5-0.5b", "bf16", "attn", 8, True, 1, 32, "adamw_torch", steps=1)
+    if job_set != "mistral-moe":
         return [train_job(tiny)]
+    return [train_job(tiny), dict(infer_job("tiny-moe", "bf16"), claim=2**30), dict(offload_job("tiny-moe"), claim=2**30)]
+
+
+def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
+    if smoke:
+        return smoke_jobs(job_set)
+    if job_set == "mistral-moe":
+        return mistral_moe_jobs()
     rng = random.Random(27)
     boundary = [train_job(c) for c in boundary_cases(rng, 6)]
     first = snapshot_jobs()
@@ -160,11 +228,7 @@ def all_jobs(smoke: bool = False) -> list[dict]:
     others = [train_job(c) for a in ("qwen3-1.7b", "phi-4-mini") for c in matrix_cases(a)]
     infer = [infer_job(a, p) for a in FAMILIES for p in ("nf4-dq", "bf16")]
     jobs = first + infer[:2]
-    # boundary cases spread through the training cases: a run cut short still has most of them
-    train = problem + others
-    step = max(1, len(train) // max(1, len(boundary)))
-    for i, b in enumerate(boundary):
-        train.insert(i * (step + 1), b)
+    train = interleave(problem + others, boundary)
     return jobs + train[:12] + infer[2:] + train[12:]
 
 
@@ -176,6 +240,10 @@ def command(job: dict, model_dir: Path, out: Path, device: str) -> list[str]:
         flag = "--train" if job["kind"] == "snapshot-train" else "--generate"
         return [sys.executable, "-m", "harness.memory.snapshot_case", flag, json.dumps(job["case"]),
                 "--model-dir", str(model_dir), "--out", str(out), "--device", device]
+    if job["kind"] == "offload":
+        spec = job["arch"] if job["arch"] in BUILT_ON_DEVICE else str(model_dir)
+        return [sys.executable, "-m", "harness.memory.moe_case", "--offload", spec, "--budget-bytes",
+                str(job["budget_bytes"]), "--out", str(out), "--device", device]
     return [sys.executable, str(Path(__file__).resolve()), "--infer-worker", job["arch"], "--precision",
             job["precision"], "--model-dir", str(model_dir), "--out", str(out), "--device", device]
 
@@ -196,6 +264,10 @@ def infer_worker(arch: str, precision: str, model_dir: Path, out: Path, device: 
     total = torch.cuda.get_device_properties(0).total_memory if device.startswith("cuda") else 0
     w = matrix.Worker(arch, work, total or BUDGET, deadline, model_dir.parent, (precision,), False, device=device)
     w.model_dir = lambda: model_dir  # the driver saved it
+    if model_dir.suffix == ".json":  # a config, no checkpoint (the MoE): built on the device, random
+        from harness.memory.moe_case import build_random
+
+        w.load = lambda p, capped: w.measured(lambda: build_random(str(model_dir), device, dtype=p), capped)
     try:
         w.run()
     finally:
@@ -233,12 +305,16 @@ def save_models(archs, root: Path, device: str, deadline: float, log_dir: Path |
     return {a: root / a for a in archs if a not in failed and (root / a / "config.json").exists()}
 
 
-def run_jobs(jobs: list[dict], model_dirs: dict, out_dir: Path, device: str, deadline: float, slots: int) -> dict:
+def run_jobs(jobs: list[dict], model_dirs: dict, out_dir: Path, device: str, deadline: float, slots: int,
+             saving: set | None = None) -> dict:
+    """`saving`: architectures whose checkpoint a background thread is still writing (it adds them
+    to model_dirs when done, then removes them from `saving`): their jobs wait, the others start."""
     rows_dir = out_dir / "rows"
     logs = out_dir / "logs"
     rows_dir.mkdir(parents=True, exist_ok=True)
     logs.mkdir(exist_ok=True)
-    pending = [j for j in jobs if j["arch"] in model_dirs]
+    saving = saving if saving is not None else set()
+    pending = [j for j in jobs if j["arch"] in model_dirs or j["arch"] in saving]
     running: dict[int, tuple] = {}
     used, n, counts = 0, 0, {"done": 0, "timeout": 0, "no_row": 0, "skipped": len(jobs) - len(pending)}
 
@@ -266,14 +342,21 @@ def run_jobs(jobs: list[dict], model_dirs: dict, out_dir: Path, device: str, dea
             proc, job, out, started = running[pid]
             if proc.poll() is not None:
                 finish(pid, False)
-            elif now - started > CASE_TIMEOUT_S or now > deadline:
+            elif now - started > job.get("timeout_s", CASE_TIMEOUT_S) or now > deadline:
                 finish(pid, True)
         if deadline - now < CASE_MIN_S:
             counts["skipped"] += len(pending)
             pending = []
         started_one = False
-        while pending and len(running) < slots and (not running or used + pending[0]["claim"] <= GPU_POOL):
-            job = pending.pop(0)
+        lost = [j for j in pending if j["arch"] not in model_dirs and j["arch"] not in saving]  # save failed
+        counts["skipped"] += len(lost)
+        pending = [j for j in pending if j not in lost]
+        while len(running) < slots:
+            ready = [j for j in pending if j["arch"] in model_dirs]
+            if not ready or (running and used + ready[0]["claim"] > GPU_POOL):
+                break
+            job = ready[0]
+            pending.remove(job)
             n += 1
             out = rows_dir / f"{n:03d}-{job['name']}.json"
             env = py_env()
@@ -289,14 +372,48 @@ def run_jobs(jobs: list[dict], model_dirs: dict, out_dir: Path, device: str, dea
     return counts
 
 
+TINY_MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 512, "max_position_embeddings": 2048,
+            "tie_word_embeddings": False, "norm_topk_prob": True}
+
+
+def model_dirs_for(job_set: str, smoke: bool, out: Path, model_root: Path, device: str) -> tuple[dict, set]:
+    """{arch: model dir or config path} ready now, and the archs a background thread still saves."""
+    if smoke:
+        from harness.models import tiny_model_dir
+
+        cfg = out / "tiny-moe.json"
+        atomic.write_json(cfg, TINY_MOE)
+        return {"qwen2.5-0.5b": tiny_model_dir("qwen2"), "tiny-moe": cfg}, set()
+    from harness.models import reference_config_path
+
+    (out / "logs").mkdir(exist_ok=True)
+    archs = SETS[job_set]
+    dirs = {a: reference_config_path(a) for a in archs if a in BUILT_ON_DEVICE}
+    to_save = [a for a in archs if a not in BUILT_ON_DEVICE]
+    saving = set(to_save)
+
+    def save() -> None:
+        try:
+            dirs.update(save_models(to_save, model_root, device, T0 + 90, out / "logs"))
+        finally:
+            saving.clear()
+
+    threading.Thread(target=save, daemon=True).start()
+    return dirs, saving
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--set", default=os.environ.get("FAMILIES_SET") or "issue27", choices=sorted(SETS),
+                    help="the job set (default: $FAMILIES_SET, else issue27)")
     ap.add_argument("--time-limit-s", type=float, default=300)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--model-root", default="/tmp/families-models")
     ap.add_argument("--slots", type=int, default=10)
-    ap.add_argument("--smoke", action="store_true", help="CPU: one tiny training case through the scheduler")
+    ap.add_argument("--smoke", action="store_true", help="CPU: tiny cases of the set's kinds through the scheduler")
     ap.add_argument("--list", action="store_true", help="print the jobs in order and exit")
     ap.add_argument("--infer-worker", help=argparse.SUPPRESS)
     ap.add_argument("--precision", help=argparse.SUPPRESS)
@@ -306,10 +423,10 @@ def main(argv=None) -> int:
         deadline = float(os.environ.get("FAMILIES_DEADLINE", time.time() + 120))
         infer_worker(args.infer_worker, args.precision, Path(args.model_dir), Path(args.out), args.device, deadline - 10)
         return 0
-    jobs = all_jobs(args.smoke)
+    jobs = all_jobs(args.smoke, args.set)
     if args.list:
         for j in jobs:
-            print(j["name"])
+            print(f"{j['name']}  claim {j['claim'] / 2**30:.1f} GiB")
         return 0
     deadline = T0 + args.time_limit_s
     out = Path(args.out)
@@ -317,17 +434,11 @@ def main(argv=None) -> int:
     atomic.write_json(out / "jobs.json", jobs)
     from harness.memory.train_matrix import environment
 
-    env_info = dict(environment(args.device), fit_excluded=list(FIT_EXCLUDED), budget_bytes=BUDGET)
+    env_info = dict(environment(args.device), fit_excluded=list(FIT_EXCLUDED), budget_bytes=BUDGET, job_set=args.set)
     atomic.write_json(out / "environment.json", env_info)
-    log(f"{len(jobs)} jobs; environment {env_info}")
-    if args.smoke:
-        from harness.models import tiny_model_dir
-
-        model_dirs = {"qwen2.5-0.5b": tiny_model_dir("qwen2")}
-    else:
-        (out / "logs").mkdir(exist_ok=True)
-        model_dirs = save_models(FAMILIES, Path(args.model_root), args.device, T0 + 90, out / "logs")
-    counts = run_jobs(jobs, model_dirs, out, args.device, deadline, args.slots)
+    log(f"{len(jobs)} jobs ({args.set}); environment {env_info}")
+    model_dirs, saving = model_dirs_for(args.set, args.smoke, out, Path(args.model_root), args.device)
+    counts = run_jobs(jobs, model_dirs, out, args.device, deadline, args.slots, saving)
     log(f"finished: {counts}")
     atomic.write_json(out / "DONE", dict(counts, seconds=round(time.time() - T0, 1)))
     return 0

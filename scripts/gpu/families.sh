@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Issue 27 on a lent H200 (the GPU vLLM helper runs it in the background of its own call):
 #   FAMILIES_OUT=/tmp/families-out setsid bash scripts/gpu/families.sh
+# FAMILIES_SET picks the driver's job set: issue27 (default, the first run: Gemma-2/3, Qwen3, Phi-4-mini)
+# or mistral-moe (the second: Mistral-7B v0.3 training/boundary/inference, Qwen3-30B-A3B inference and
+# plan --offload checked by a real offloaded run; benchmarks/vram/measured-families-2/).
 # From the repository root. Uses python3 there (torch 2.11+cu130, transformers 5.17, peft) and the
 # bitsandbytes wheel under .whl/ (installed to /tmp/site unless it imports already). Stops itself
 # within FAMILIES_LIMIT_S (default 285 s of cases, 305 s hard; the pip install and tar add ~20 s), writes $FAMILIES_OUT/DONE, then
@@ -20,7 +23,7 @@ export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv > "$out/gpu.csv" 2>&1
 python3 -c "import bitsandbytes, torch, transformers, peft; print(bitsandbytes.__version__, torch.__version__, transformers.__version__, peft.__version__)" > "$out/versions.txt" 2>&1
-timeout -k 5 $(( limit + 20 )) python3 benchmarks/vram/families.py --out "$out" --time-limit-s "$limit" \
+timeout -k 5 $(( limit + 20 )) python3 benchmarks/vram/families.py --out "$out" --time-limit-s "$limit" --set "${FAMILIES_SET:-issue27}" \
   2> >(grep -v "warnings.warn\|UserWarning\|FutureWarning" > "$out/log.txt")
 echo "exit $? after $(( $(date +%s) - start )) s" >> "$out/log.txt"
 [ -f "$out/DONE" ] || echo '{"incomplete": true}' > "$out/DONE"
