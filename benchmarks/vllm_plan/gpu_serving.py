@@ -7,9 +7,13 @@ One server A (gpu_startups.py's s05: random-weight qwen2.5-1.5b, utilization 0.9
   then `vllm bench serve --backend openai` on the same server and workload; around each, the
   server's /metrics TTFT histogram is read, and its p50 over that run is interpolated from the
   buckets (what the server saw, without the client).
-- gate: 2 x PAIRS benches on server A (eager, --max-num-seqs 32 at concurrency 32: the A/A pairs
-  and the A/B baselines), then PAIRS benches on server B = A with --max-num-seqs 16 (half the
-  batch: a real slowdown); each pair compared under both policies (harness, vllm-ci).
+  The server's mean TTFT over the run is exact (the histogram's _sum / _count).
+  The client runs BENCH_WORKERS processes: the server's own API process and engine core need
+  cores of the same 16 (auto would take 15 while the server is idle).
+- gate: servers A (eager, --max-num-seqs 32 at concurrency 32) and B = A with --max-num-seqs 16
+  (half the batch: a real slowdown) started side by side (0.3 of the card each), then rounds of
+  A, B, A benches: 2 x PAIRS on A (the A/A pairs and the A/B baselines), B_PAIRS on B; each pair
+  compared under both policies (harness, vllm-ci).
 
     python3 benchmarks/vllm_plan/gpu_serving.py --models /tmp/vmodels --out OUT [--steps bench,gate]
 Writes OUT/serving-bench.json, OUT/serving-gate.json (rewritten after every step), the bench
@@ -45,6 +49,7 @@ PROMPTS = {1: 32, 16: 128, 64: 256, 128: 512, 256: 1024}
 INPUT_LEN, OUTPUT_LEN = 512, 128
 GATE_WORKLOAD = Workload(input_len=256, output_len=64, num_prompts=64, seed=5)
 GATE_CONCURRENCY, GATE_REPEATS = 32, 3
+BENCH_WORKERS, GATE_WORKERS, B_PAIRS = 4, 2, 4
 # The gate's servers, eager (a start costs ~40 s, not ~100): B holds half of A's batch at the
 # gate's concurrency, a real slowdown of every decode step.
 GATE_A = {"gpu_memory_utilization": 0.3, "max_model_len": 2048, "enforce_eager": True, "max_num_seqs": 32}
@@ -52,6 +57,7 @@ GATE_B = {**GATE_A, "max_num_seqs": 16}
 TTFT = "vllm:time_to_first_token_seconds_bucket"
 _BUCKET = re.compile(r'^vllm:time_to_first_token_seconds_bucket\{(?P<labels>[^}]*)\}\s+(?P<v>[\d.e+-]+)', re.M)
 _LE = re.compile(r'le="([^"]+)"')
+_SUM_COUNT = re.compile(r'^vllm:time_to_first_token_seconds_(sum|count)(?:\{[^}]*\})?\s+([\d.e+-]+)', re.M)
 
 
 def say(text: str) -> None:
@@ -69,6 +75,21 @@ def ttft_buckets(base_url: str) -> dict[float, float]:
             bound = float("inf") if le.group(1) == "+Inf" else float(le.group(1))
             out[bound] = out.get(bound, 0.0) + float(m.group("v"))
     return out
+
+
+def ttft_sum_count(base_url: str) -> tuple[float, float]:
+    """(sum of TTFT seconds, requests) the server has recorded, over all label sets."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    totals = {"sum": 0.0, "count": 0.0}
+    for kind, value in _SUM_COUNT.findall(text):
+        totals[kind] += float(value)
+    return totals["sum"], totals["count"]
+
+
+def server_mean_ms(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    n = after[1] - before[1]
+    return round(1000 * (after[0] - before[0]) / n, 3) if n > 0 else None
 
 
 def histogram_quantile(before: dict, after: dict, q: float) -> dict:
@@ -93,13 +114,14 @@ def histogram_quantile(before: dict, after: dict, q: float) -> dict:
 def harness_bench(server, model_dir: Path, c: int, out: Path) -> dict:
     cmd = [sys.executable, "-m", "harness", "bench", "--endpoint", server.base_url, "--model", server.model,
            "--tokenizer", str(model_dir), "--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN),
-           "--num-prompts", str(PROMPTS[c]), "--concurrency", str(c), "--out", str(out), "-q"]
+           "--num-prompts", str(PROMPTS[c]), "--concurrency", str(c), "--workers", str(BENCH_WORKERS),
+           "--out", str(out), "-q"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     if not out.is_file():
         return {"error": (proc.stderr or proc.stdout)[-600:], "exit_code": proc.returncode}
     run = json.loads(out.read_text())["runs"][0]
     keep = ("ttft_ms", "tpot_ms", "output_throughput", "schedule_lag_ms", "loop_lag_ms", "client_bound",
-            "client_bound_reasons", "workers", "completed", "failed", "duration_s")
+            "client_bound_reasons", "workers", "completed", "failed", "duration_s", "server_metrics")
     return {k: run.get(k) for k in keep} | {"exit_code": proc.returncode, "stderr_tail": proc.stderr[-300:]}
 
 
@@ -128,12 +150,15 @@ def bench_step(server, model_dir: Path, out: Path) -> None:
         row = {"concurrency": c, "num_prompts": PROMPTS[c]}
         for tool, fn in (("harness", lambda: harness_bench(server, model_dir, c, runs / f"harness-c{c}.json")),
                          ("vllm", lambda: vllm_bench(server, model_dir, c, runs))):
-            before = ttft_buckets(server.base_url)
+            before, sum_before = ttft_buckets(server.base_url), ttft_sum_count(server.base_url)
             started = time.monotonic()
             row[tool] = fn()
             row[tool]["wall_s"] = round(time.monotonic() - started, 1)
-            row[tool]["server_ttft_p50"] = histogram_quantile(before, ttft_buckets(server.base_url), 0.5)
-            row[tool]["server_ttft_p99"] = histogram_quantile(before, ttft_buckets(server.base_url), 0.99)
+            after, sum_after = ttft_buckets(server.base_url), ttft_sum_count(server.base_url)
+            row[tool]["server_ttft_p50"] = histogram_quantile(before, after, 0.5)
+            row[tool]["server_ttft_p99"] = histogram_quantile(before, after, 0.99)
+            # every request the server saw in the run, warm-up included (the clients' means are not)
+            row[tool]["server_ttft_mean_ms"] = server_mean_ms(sum_before, sum_after)
         rows.append(row)
         write_json(out / "serving-bench.json", {"input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "rows": rows,
                                                 "server": server.environment()}, indent=1, default=str)
@@ -147,7 +172,7 @@ def bench_step(server, model_dir: Path, out: Path) -> None:
 def gate_bench(server, model_dir: Path, path: Path) -> dict:
     cfg = BenchConfig(target=Target(server.base_url, server.model, timeout_s=120), workload=GATE_WORKLOAD,
                       concurrencies=[GATE_CONCURRENCY], repeats=GATE_REPEATS, warmup=4, tokenizer_dir=model_dir,
-                      out=path, environment=server.environment(), quiet=True)
+                      out=path, environment=server.environment(), quiet=True, workers=GATE_WORKERS)
     return run_bench(cfg)
 
 
@@ -175,28 +200,30 @@ def gate_table(a_files: list[Path], b_files: list[Path], pairs: int) -> dict:
 
 
 def gate_step(model_dir: Path, model: str, out: Path, pairs: int, deadline: float) -> None:
+    import contextlib
+    from concurrent.futures import ThreadPoolExecutor
+
     a_files, b_files, gate_dir = [], [], out / "gate"
     gate_dir.mkdir(exist_ok=True)
-    from gpu_startups import cuda_memory
-
-    for side, flags, n, files in (("A", GATE_A, 2 * pairs, a_files), ("B", GATE_B, pairs, b_files)):
-        free, total = cuda_memory()
-        started = time.monotonic()
-        with launch_vllm(sys.executable, model_dir, flag_args(flags), log_dir=out / "logs",
-                         served_model_name=model, startup_timeout_s=240) as server:
-            # each gate server is one more real start-up for the plan to be checked against
-            append(out / "startups.json", startup_record(f"gate-{side}", model_dir, flags, True, "started",
-                                                         round(time.monotonic() - started, 1), None, 0,
-                                                         server.log_text(), free, total))
-            for i in range(n):
-                if time.monotonic() > deadline - (15 if side == "B" else 100):
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(2) as pool:
+        # side by side: their start-ups profile at the same time, so neither is a plan check
+        starts = [pool.submit(stack.enter_context, launch_vllm(sys.executable, model_dir, flag_args(flags),
+                                                              log_dir=out / "logs", served_model_name=model,
+                                                              startup_timeout_s=240))
+                  for flags in (GATE_A, GATE_B)]
+        server_a, server_b = (f.result() for f in starts)
+        say(f"gate: A ({' '.join(flag_args(GATE_A))}) and B ({' '.join(flag_args(GATE_B))}) ready")
+        for i in range(pairs):
+            plan = [("A", server_a, a_files), ("B", server_b, b_files), ("A", server_a, a_files)]
+            for side, server, files in plan if i < B_PAIRS else plan[::2]:
+                if time.monotonic() > deadline - 15:
                     break
-                files.append(gate_dir / f"{side}-{i:02d}.json")
+                files.append(gate_dir / f"{side}-{len(files):02d}.json")
                 gate_bench(server, model_dir, files[-1])
-        say(f"gate: {len(files)} {side} benches ({' '.join(flag_args(flags))})")
+        say(f"gate: {len(a_files)} A and {len(b_files)} B benches")
     result = gate_table(a_files, b_files, pairs)
     result |= {"workload": GATE_WORKLOAD.to_json(), "concurrency": GATE_CONCURRENCY, "repeats": GATE_REPEATS,
-               "a": flag_args(GATE_A), "b": flag_args(GATE_B)}
+               "workers": GATE_WORKERS, "a": flag_args(GATE_A), "b": flag_args(GATE_B)}
     write_json(out / "serving-gate.json", result, indent=1)
     for row in result["table"]:
         say(f"gate {row['comparison']} {row['policy']}: regressed {row['regressed']}/{row['pairs']}")

@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # The real (CUDA) vLLM on a lent GPU machine that has no package registry, and what the harness
 # measures with it (docs/gpu.md, "The GPU vLLM"). Run HERE, from the repo root:
-#   scripts/gpu/vllm.sh parts [VERSION]   build .vp/part.* (vLLM VERSION + deps-VERSION.txt, 59 MiB each)
-#                                         and .vx/ (pytest-html/-metadata, llm-compressor 0.14 wheels)
-#   scripts/gpu/vllm.sh calls [VERSION]   print the device calls to make, back to back, one per line:
+#   scripts/gpu/vllm.sh parts [VERSION [SECOND]]  build .vp/part.* (vLLM VERSION + deps-VERSION.txt, 59 MiB
+#                                         each), .vx/ (pytest-html/-metadata, llm-compressor 0.14 wheels,
+#                                         tree.tgz) and, with SECOND, .vp2/: the upgrade rehearsal's
+#                                         baseline beside VERSION (only the wheels VERSION lacks)
+#   scripts/gpu/vllm.sh calls             print the device calls to make, back to back, one per line:
 #                                         carry=<paths> | command
-# VERSION: 0.26.0 (default; the newest that pins the machine's torch 2.11.0) or 0.25.1 (the upgrade
-# rehearsal's baseline: deps-0.25.1.txt, resolved by vllm_resolve_deps.sh, not yet run there).
-# .vp/ and .vx/ must be ignored (.git/info/exclude): what is not ignored travels with every call.
+# VERSION: 0.26.0 (default; the newest that pins the machine's torch 2.11.0); SECOND: 0.25.1 (the
+# rehearsal's baseline: deps-0.25.1.txt, resolved by vllm_resolve_deps.sh).
+# .vp/, .vp2/ and .vx/ must be ignored (.git/info/exclude): what is not ignored travels with every call.
 # On a GPU machine WITH a registry none of this is needed: pip install vllm==VERSION into a venv
 # whose torch it pins, then run the steps of scripts/gpu/vllm_steps.sh (skip carry/install).
 set -euo pipefail
-cmd=${1:?parts|calls}; ver=${2:-0.26.0}
+cmd=${1:?parts|calls}; ver=${2:-0.26.0}; second=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
 case $cmd in
   parts)
-    for d in .vp .vx; do git check-ignore -q "$d/x" || { echo "$d is not ignored: echo /$d/ >> .git/info/exclude"; exit 2; }; done
+    for d in .vp .vp2 .vx; do git check-ignore -q "$d/x" || { echo "$d is not ignored: echo /$d/ >> .git/info/exclude"; exit 2; }; done
     bash "$here/vllm_make_parts.sh" .vp "$ver"
+    if [ -n "$second" ]; then
+      BASE_VERSION=$ver REUSE="xgrammar- nvidia_cutlass_dsl_libs" bash "$here/vllm_make_parts.sh" .vp2 "$second"
+    else rm -rf .vp2; fi
     plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
     dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" -d "$@"; }
     mkdir -p .vx/wheels .vx/lc
@@ -27,19 +32,27 @@ case $cmd in
     git archive --format=tar.gz -o .vx/tree.tgz HEAD
     du -sh .vp .vx ;;
   calls)
-    n=$(ls .vp/part.* 2>/dev/null | wc -l); [ "$n" -gt 0 ] || { echo "no .vp/part.*: run '$0 parts $ver' first"; exit 2; }
-    c="cd /tmp/snap &&"; s="bash scripts/gpu/vllm_steps.sh"
-    echo "carry=.vx,.whl | mkdir -p /tmp/snap && tar xzf .vx/tree.tgz -C /tmp/snap && cp -r .vx .whl /tmp/snap/ && $c $s begin"
+    n=$(ls .vp/part.* 2>/dev/null | wc -l); [ "$n" -gt 0 ] || { echo "no .vp/part.*: run '$0 parts' first"; exit 2; }
+    c="cd /tmp/snap &&"; s="bash scripts/gpu/vllm_steps.sh"; d="bash /tmp/snap/scripts/gpu/vllm_on_device.sh"
+    two=(); [ -d .vp2 ] && two=(.vp2/part.*)
+    # the second version's last (small) part rides with the first call
+    first=".vx,.whl"; pre=""
+    [ ${#two[@]} -gt 0 ] && { first="$first,${two[-1]}"; pre="$d .vp2 && "; }
+    echo "carry=$first | mkdir -p /tmp/snap && tar xzf .vx/tree.tgz -C /tmp/snap && cp -r .vx .whl /tmp/snap/ && $pre$c $s begin"
     last=$(ls .vp/part.* | tail -1)
     for p in .vp/part.*; do
       if [ "$p" = "$last" ]; then
-        echo "carry=$p,.vp/payload.sha | bash /tmp/snap/scripts/gpu/vllm_on_device.sh .vp install && $c $s after-install"
-      else echo "carry=$p | bash /tmp/snap/scripts/gpu/vllm_on_device.sh .vp"; fi
+        echo "carry=$p,.vp/payload.sha | $d .vp install && $c $s after-install && $s pipeline"
+      else echo "carry=$p | $d .vp"; fi
     done
-    echo "carry= | $c $s wait-families 200 && STARTUPS_LIMIT_S=330 $s startups eager   (to the KV-cache line, ~40 s each)"
-    echo "carry= | $c SERVING_LIMIT_S=420 $s serving bench   (s05 with CUDA graphs: harness bench beside vllm bench serve)"
-    echo "carry= | $c SERVING_LIMIT_S=400 $s serving gate    (A/A and A/B, 10 pairs, both policies)"
-    echo "carry= | $c SUITE_LIMIT_S=<what is left> $s suite (pytest suites/serving --vllm-python python3)"
-    echo "then: give the machine back; unpack each call's vres.tgz; scripts' JSON -> benchmarks/vllm_plan/measured/" ;;
-  *) echo "usage: $0 parts|calls [VERSION]"; exit 2 ;;
+    if [ ${#two[@]} -gt 1 ]; then
+      rest=("${two[@]:0:${#two[@]}-1}")
+      for p in "${rest[@]}"; do
+        if [ "$p" = "${rest[-1]}" ]; then echo "carry=$p,.vp2/payload.sha | $d .vp2 && $c $s second && $s poll 1"
+        else echo "carry=$p | $d .vp2"; fi
+      done
+    fi
+    echo "carry= | $c $s poll 540   (again until it prints 'pipeline done': startups, bench, gate, suite)"
+    echo "then: give the machine back; unpack the last call's vres.tgz; gpu_collect.py -> benchmarks/vllm_plan/measured/" ;;
+  *) echo "usage: $0 parts|calls [VERSION [SECOND]]"; exit 2 ;;
 esac

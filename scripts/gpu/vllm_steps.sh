@@ -17,6 +17,12 @@
 #   startups GROUP    gpu_startups.py --group eager|graphs
 #   serving STEPS     gpu_serving.py --steps bench,gate (server A = s05, B = s05 + --enforce-eager)
 #   suite             pytest suites/serving with the harness starting this vLLM itself (--vllm-python)
+#   pipeline          the GPU steps after the install, one after the other in the background (setsid), so
+#                     that the calls in the meantime can carry the second version: wait-families,
+#                     startups (PIPELINE_STARTUPS), serving bench, serving gate, suite (with the second
+#                     version as the upgrade baseline when it is installed); progress in /tmp/vres/pipeline.log
+#   poll S            wait up to S seconds for the pipeline (printing its new lines), then pack
+#   second            install the second version's parts (.vp2, vllm_on_device.sh second)
 #   pack              (every step does it) /tmp/vres -> $OUT/vres.tgz; families' tarball -> $OUT
 # Everything a step measures stays in /tmp/vres while the machine is held; $OUT gets a tarball of it.
 set -u -o pipefail
@@ -40,8 +46,8 @@ case $step in
     bash "$0" extras && bash "$0" families && bash "$0" models; exit $? ;;
   after-install)
     (GPTQ_TIMEOUT=${GPTQ_TIMEOUT:-170} setsid bash "$0" gptq > $R/gptq.txt 2>&1 < /dev/null &)
-    (setsid timeout 240 python3 benchmarks/serving/client_capacity.py --out $R/capacity > $R/capacity.txt 2>&1 < /dev/null &)
-    echo "gptq and client capacity started" ;;
+    [ -n "${CAPACITY:-}" ] && (setsid timeout 240 python3 benchmarks/serving/client_capacity.py --out $R/capacity > $R/capacity.txt 2>&1 < /dev/null &)
+    echo "gptq started${CAPACITY:+, and the client capacity benchmark}" ;;
   extras)
     pip_target /tmp/site .vx/wheels/*.whl && echo "extras -> /tmp/site"
     pip_target /tmp/lcsite .vx/lc/*.whl && echo "llm-compressor -> /tmp/lcsite"
@@ -58,6 +64,30 @@ case $step in
     else
       echo "no scripts/gpu/families.sh: skipped"
     fi ;;
+  pipeline)
+    (setsid bash "$0" pipeline-run > $R/pipeline.log 2>&1 < /dev/null &)
+    echo "pipeline started: $(date +%T)" ;;
+  pipeline-run)
+    stamp() { echo "[$(date +%T)] $*"; }
+    stamp "wait-families"; bash "$0" wait-families "${FAMILIES_WAIT_S:-300}" > $R/p-families.txt 2>&1; tail -2 $R/p-families.txt
+    stamp "startups ${PIPELINE_STARTUPS:-s09,s02}"
+    STARTUPS_ONLY=${PIPELINE_STARTUPS:-s09,s02} STARTUPS_LIMIT_S=${STARTUPS_LIMIT_S:-150} bash "$0" startups > $R/p-startups.txt 2>&1
+    grep -E "^s[0-9]+ |skipped" $R/p-startups.txt | cut -c1-240
+    stamp "serving bench"; SERVING_LIMIT_S=${BENCH_LIMIT_S:-400} bash "$0" serving bench > $R/p-bench.txt 2>&1
+    grep -E "^c=|Error" $R/p-bench.txt | cut -c1-400
+    stamp "serving gate"; SERVING_LIMIT_S=${GATE_LIMIT_S:-330} bash "$0" serving gate > $R/p-gate.txt 2>&1
+    grep -E "^gate|Error" $R/p-gate.txt | cut -c1-300
+    for i in $(seq 1 60); do [ -f /tmp/vsite2/.done ] && break; sleep 1; done
+    stamp "suite (baseline: $([ -f /tmp/vsite2/.done ] && echo /tmp/python-vllm2 || echo none))"
+    bash "$0" suite > $R/p-suite.txt 2>&1; grep -E "exit|passed|failed" $R/p-suite.txt | tail -3
+    stamp "pipeline done"; touch $R/PIPELINE_DONE ;;
+  poll)
+    limit=${1:-60}; t=0; off=$(cat $R/.poll_off 2>/dev/null || echo 0)
+    while [ $t -lt "$limit" ] && [ ! -f $R/PIPELINE_DONE ]; do sleep 5; t=$((t + 5)); done
+    tail -c +$((off + 1)) $R/pipeline.log 2>/dev/null; stat -c %s $R/pipeline.log > $R/.poll_off 2>/dev/null
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null | head -5 ;;
+  second)
+    bash scripts/gpu/vllm_on_device.sh .vp2 second 2>&1 | tail -4 | tee $R/install2.txt ;;
   carry)
     bash scripts/gpu/vllm_on_device.sh .vp ;;
   install)
@@ -92,14 +122,16 @@ case $step in
     for i in $(seq 1 ${MODELS_WAIT_S:-200}); do grep -q '"model": "w4a16"' $R/models.txt 2>/dev/null && \
       ! pgrep -f "gpu_models.py" >/dev/null && break; sleep 1; done
     pkill -9 -f "gpu_models.py" 2>/dev/null; grep '^{' $R/models.txt | cut -c1-200
-    python3 benchmarks/vllm_plan/gpu_startups.py --models /tmp/vmodels --out $R/startups.json --group "${1:-eager}" \
+    sel=(--group "${1:-eager}"); [ -n "${STARTUPS_ONLY:-}" ] && sel=(--only "$STARTUPS_ONLY")
+    python3 benchmarks/vllm_plan/gpu_startups.py --models /tmp/vmodels --out $R/startups.json "${sel[@]}" \
       --time-limit-s ${STARTUPS_LIMIT_S:-500} 2>&1 | tee -a $R/startups.txt | grep -E "^s[0-9]+ |skipped" ;;
   serving)
     python3 benchmarks/vllm_plan/gpu_serving.py --models /tmp/vmodels --out $R --steps "${1:-bench,gate}" \
       --time-limit-s ${SERVING_LIMIT_S:-520} 2>&1 | tee -a $R/serving.txt | grep -E "^c=|^gate|ready|Error" ;;
   suite)
     start=$(date +%s)
-    timeout ${SUITE_LIMIT_S:-480} python3 -m pytest suites/serving --vllm-python "$(command -v python3)" \
+    base=(); [ -f /tmp/vsite2/.done ] && base=(--baseline-vllm-python /tmp/python-vllm2)
+    timeout ${SUITE_LIMIT_S:-480} python3 -m pytest suites/serving --vllm-python "$(command -v python3)" "${base[@]}" \
       -p no:cacheprovider -q -rA --report-dir $R/suite > $R/suite.txt 2>&1
     echo "pytest suites/serving: exit $?, wall $(( $(date +%s) - start )) s" | tee -a $R/suite.txt
     grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" $R/suite.txt | tail -40 ;;
