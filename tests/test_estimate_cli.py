@@ -81,6 +81,24 @@ def test_config_without_hidden_size_is_exit_2(tmp_path):
     assert r.returncode == 2 and "neither" in r.stderr
 
 
+
+def test_config_errors_name_the_config_they_came_from(tmp_path):
+    """A config that holds a bad value is named in the error (estimate, plan and plan --engine vllm);
+    an unknown model_type is one short line, not transformers' list of every model_type it knows."""
+    (tmp_path / "no-hidden.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
+    (tmp_path / "mystery.json").write_text(json.dumps({
+        "model_type": "mysterylm", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "vocab_size": 1000}))
+    for name, needle in (("no-hidden.json", "hidden_size"), ("mystery.json", "does not know this model_type")):
+        cfg = str(tmp_path / name)
+        for cmd in (["estimate", "--config", cfg], ["plan", "--config", cfg, "--budget", "6GiB"],
+                    ["plan", "--engine", "vllm", "--config", cfg, "--gpu-memory", "t4", "--max-model-len", "2048"]):
+            r = cli(*cmd)
+            assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+            line = r.stderr.strip()
+            assert len(line.splitlines()) == 1 and len(line) < 400, line
+            assert cfg in line and needle in line, line
+
 def test_unknown_architecture_falls_back_to_meta_count(tmp_path, capsys):
     cfg = {"model_type": "gemma", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 1000}

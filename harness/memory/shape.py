@@ -7,6 +7,8 @@ vllm_plan, gguf, offload and both matrices.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,8 +254,10 @@ def shape_from_meta(config: dict) -> ModelShape:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(cfg)
     except Exception as exc:
-        raise UsageError(f"cannot build model_type {model_type!r} on the meta device: "
-                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if first.startswith("Unrecognized model identifier"):  # followed by every model_type it knows
+            first = f"transformers {_transformers_version()} does not know this model_type"
+        raise UsageError(f"cannot build model_type {model_type!r} on the meta device: {first[:300]}") from None
     tally = _ParamTally()
     seen: set[int] = set()
     out_emb = model.get_output_embeddings()
@@ -311,7 +315,29 @@ def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
     return config, directory
 
 
+def _transformers_version() -> str:
+    from importlib.metadata import version
+
+    return version("transformers")
+
+
+@contextmanager
+def naming_config(spec: str | Path | dict):
+    """An error in what a config holds ("config has no hidden_size") names the --config it came from."""
+    try:
+        yield
+    except UsageError as exc:
+        if isinstance(spec, dict) or str(spec) in str(exc):
+            raise
+        raise UsageError(f"--config {spec}: {exc}") from None
+
+
 def model_shape(spec: str | Path | dict) -> ModelShape:
+    with naming_config(spec):
+        return _model_shape(spec)
+
+
+def _model_shape(spec: str | Path | dict) -> ModelShape:
     if isinstance(spec, (str, Path)) and str(spec).lower().endswith(".gguf"):
         from dataclasses import replace
 

@@ -74,14 +74,15 @@ def _config_quantization(config: dict) -> tuple[str, int, int]:
 
 def model_facts(spec: str | Path | dict) -> ModelFacts:
     """Read a config.json, a model directory or a reference name (harness/configs)."""
-    from .shape import load_config, model_shape
+    from .shape import load_config, model_shape, naming_config
 
     if isinstance(spec, str) and not Path(spec).expanduser().exists():
         from ..models import CONFIG_DIR
         if (CONFIG_DIR / f"{spec}.json").is_file():
             spec = CONFIG_DIR / f"{spec}.json"
-    config, directory = load_config(spec)
-    shape = model_shape(config)
+    with naming_config(spec):
+        config, directory = load_config(spec)
+        shape = model_shape(config)
     name = str(config.get("_name_or_path") or "")
     if not name and not isinstance(spec, dict):
         path = Path(str(spec))
