@@ -1,7 +1,8 @@
-"""The issue-27 figures from the committed H200 run (benchmarks/vram/measured-families/), recomputed
-with the estimator as it is now: per family the median / worst / worst-under error of inference and
-of training (checkpointing on and off apart), plan --train against real OOM under 6 GiB, and the
-snapshot cases' memory picture, predicted beside measured.
+"""The issue-27 figures from the committed H200 runs (benchmarks/vram/measured-families/ and
+measured-families-2/), recomputed with the estimator as it is now: per family the median / worst /
+worst-under error of inference and of training (checkpointing on and off apart), plan --train
+against real OOM under 6 GiB (all and per family), plan --offload against a real offloaded run,
+and the snapshot cases' memory picture, predicted beside measured.
 
     python benchmarks/vram/families_report.py [--dir DIR] [--json reports/vram-families.json]
 """
@@ -21,19 +22,23 @@ from harness.memory import families_truth as T  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default=str(T.FAMILIES_DIR))
+    ap.add_argument("--dir", default=None, help="one run's directory (default: both committed runs)")
     ap.add_argument("--json", default=str(ROOT / "reports" / "vram-families.json"))
     args = ap.parse_args(argv)
-    directory = Path(args.dir)
+    directory = Path(args.dir) if args.dir else None
     if not T.row_files(directory):
-        print(f"no rows under {directory}/rows: run scripts/gpu/families.sh on a GPU and commit its rows", file=sys.stderr)
+        where = directory or " or ".join(str(d) for d in T.FAMILIES_DIRS)
+        print(f"no rows under {where}/rows: run scripts/gpu/families.sh on a GPU and commit its rows", file=sys.stderr)
         return 1
     s = T.evaluate_families(directory)
     print("\n".join(T.summary_lines(s)))
     out = {"inference": {a: v.as_dict() for a, v in s.inference.items() if v},
            "train_gc": {a: v.as_dict() for a, v in s.train_gc.items() if v},
            "train_nogc": {a: v.as_dict() for a, v in s.train_nogc.items() if v},
-           "boundary": {"cases": len(s.boundary), "agreement": s.agreement, "false_fits": len(s.false_fits)},
+           "boundary": {"cases": len(s.boundary), "agreement": s.agreement, "false_fits": len(s.false_fits),
+                        "per_family": {a: {"cases": len(s.boundary_of(a)), "agreement": s.agreement_of(a)}
+                                       for a in sorted({r["arch"] for r in s.boundary})}},
+           "offload": s.offload,
            "pictures": s.pictures, "failed_cases": s.failed, "held_out": list(T.HELD_OUT)}
     atomic.write_json(Path(args.json), out)
     return 0

@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any
 
 FAMILIES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "vram" / "measured-families"
+# the second run (benchmarks/vram/families.py --set mistral-moe): Mistral-7B v0.3 and Qwen3-30B-A3B
+FAMILIES_DIR_2 = FAMILIES_DIR.parent / "measured-families-2"
+FAMILIES_DIRS = (FAMILIES_DIR, FAMILIES_DIR_2)
 # never used to fit a coefficient (benchmarks/vram/families.py FIT_EXCLUDED); phi-4-mini's training
 # error without checkpointing led to one structural correction read from torch's SDPA code (the fused
 # qkv is not kept alive when K/V are repeated, estimate.saved_activations), so that figure is not blind
-HELD_OUT = ("qwen3-1.7b", "phi-4-mini")
+HELD_OUT = ("qwen3-1.7b", "phi-4-mini", "mistral-7b-v0.3", "qwen3-30b-a3b")
+OFFLOAD_CPU_BYTES = 100 * 2**30  # the CPU max_memory harness.memory.moe_case planned with
 # measured snapshot category -> the predicted picture parts it is compared with
 TRAIN_GROUPS = {"weights": ("weights", "quantization state"), "LoRA weights": ("LoRA weights",),
                 "optimizer states": ("optimizer states", "optimizer step temporaries"),
@@ -33,17 +37,20 @@ GEN_MEASURED = {"weights": ("weights",), "KV cache": ("kv_cache",), "activations
                 "logits/loss": ("logits_loss",)}
 
 
-def row_files(directory: Path = FAMILIES_DIR) -> list[Path]:
+def row_files(directory: Path | None = None) -> list[Path]:
     """The run's row files: DIR/rows/*.json, or DIR/<run>/rows/*.json when the packed output
-    (families-out/...) was unpacked as it is."""
+    (families-out/...) was unpacked as it is. No directory: both committed runs (FAMILIES_DIRS)."""
+    if directory is None:
+        return [p for d in FAMILIES_DIRS for p in row_files(d)]
     dirs = [directory / "rows"] + sorted(directory.glob("*/rows"))
     return sorted(p for d in dirs if d.is_dir() for p in d.glob("*.json"))
 
 
-def load_rows(directory: Path = FAMILIES_DIR) -> dict[str, list[dict]]:
-    """{"train": [...], "infer": [...], "snapshot": [...], "failed": [...]} from the run's row files,
-    each row stamped with the transformers version it ran under (the attention it picked)."""
-    out: dict[str, list[dict]] = {"train": [], "infer": [], "snapshot": [], "failed": []}
+def load_rows(directory: Path | None = None) -> dict[str, list[dict]]:
+    """{"train": [...], "infer": [...], "snapshot": [...], "offload": [...], "failed": [...]} from
+    the run's row files, each row stamped with the transformers version it ran under (the
+    attention it picked)."""
+    out: dict[str, list[dict]] = {"train": [], "infer": [], "snapshot": [], "offload": [], "failed": []}
     for path in row_files(directory):
         data = json.loads(path.read_text())
         version = run_transformers(path, data)
@@ -59,6 +66,8 @@ def load_rows(directory: Path = FAMILIES_DIR) -> dict[str, list[dict]]:
                 rows = [r for f in sorted(path.with_suffix(".d").glob("rows-*.json"))
                         for r in json.loads(f.read_text()).get("rows", [])]
             out["infer"] += [r for r in rows if not r.get("error") and r.get("peak_bytes")]
+        elif data.get("kind") == "offload" and not data.get("error") and data.get("plan"):
+            out["offload"].append(data)
         elif data.get("snapshot"):
             out["snapshot"].append(data)
             bare = {k: v for k, v in data.items() if k != "snapshot"}
@@ -106,7 +115,15 @@ class FamilySummary:
     train_nogc: dict[str, ErrorStats | None] = field(default_factory=dict)
     boundary: list[dict] = field(default_factory=list)
     pictures: list[dict] = field(default_factory=list)
+    offload: list[dict] = field(default_factory=list)  # offload_comparison per offloaded run
     failed: int = 0
+
+    def boundary_of(self, arch: str) -> list[dict]:
+        return [r for r in self.boundary if r["arch"] == arch]
+
+    def agreement_of(self, arch: str) -> float:
+        rows = self.boundary_of(arch)
+        return sum(r["planner_fits"] == r["actually_fits"] for r in rows) / len(rows) if rows else float("nan")
 
     @property
     def agreement(self) -> float:
@@ -117,7 +134,7 @@ class FamilySummary:
         return [r for r in self.boundary if r["planner_fits"] and not r["actually_fits"]]
 
 
-def evaluate_families(directory: Path = FAMILIES_DIR) -> FamilySummary:
+def evaluate_families(directory: Path | None = None) -> FamilySummary:
     from .matrix import evaluate
     from .train_matrix import evaluate_training
 
@@ -132,7 +149,38 @@ def evaluate_families(directory: Path = FAMILIES_DIR) -> FamilySummary:
             target[arch] = ErrorStats.of([r["error"] for r in train.rows if r["arch"] == arch and r["grad_checkpointing"] is gc])
     out.boundary = train.boundary
     out.pictures = [picture_comparison(r) for r in rows["snapshot"] if (r.get("snapshot") or {}).get("peak_by_category")]
+    out.offload = [offload_comparison(r) for r in rows["offload"]]
     return out
+
+
+def offload_comparison(row: dict) -> dict[str, Any]:
+    """One real offloaded run (harness.memory.moe_case) against `plan --offload` recomputed now
+    with the bandwidths and CUDA context measured in that run: the GPU bytes the plan leaves
+    there (the weights it keeps on the GPU + the runtime bytes of the context + the largest
+    offloaded layer, which the hooks copy in for its forward), its decode time per token, and
+    the budget promise (the plan said the placement runs within the card)."""
+    from .offload import Bandwidths, plan_offload
+
+    bw = row.get("bandwidths") or {}
+    bands = Bandwidths(h2d_gbps=bw.get("h2d_gbps") or 8.0, device_gbps=bw.get("device_gbps") or 300.0,
+                       layer_ms=bw.get("layer_ms") or 1.8, h2d_source="measured in the run")
+    seq = row["prompt_len"] + row["new_tokens"]
+    plan = plan_offload(row["arch"], row["budget_bytes"], row.get("precision", "bf16"),
+                        context_bytes=row.get("context_bytes"), seq_len=seq, new_tokens=row["new_tokens"],
+                        cpu_memory_bytes=OFFLOAD_CPU_BYTES, bandwidths=bands)
+    layer = row.get("largest_layer_bytes", 0) if plan.offloaded else 0
+    predicted_gpu = plan.bytes_on_gpu + plan.runtime_bytes + layer
+    measured_gpu = row.get("decode_peak_bytes")
+    ms, pred_ms = row.get("decode_ms_per_token"), plan.predicted_decode_ms
+    return {"arch": row["arch"], "budget_bytes": row["budget_bytes"], "oom": bool(row.get("oom")),
+            "layers_on": plan.layers_on, "run_layers_on": (row.get("plan") or {}).get("layers_on"),
+            "bytes_on_gpu": plan.bytes_on_gpu, "bytes_on_cpu": plan.bytes_on_cpu,
+            "predicted_gpu_peak": predicted_gpu, "measured_gpu_peak": measured_gpu,
+            "gpu_error": (predicted_gpu - measured_gpu) / measured_gpu if measured_gpu else None,
+            "within_budget": bool(measured_gpu) and measured_gpu + (row.get("context_bytes") or 0) <= row["budget_bytes"],
+            "predicted_ms": pred_ms, "measured_ms": ms, "ms_error": (pred_ms - ms) / ms if ms else None,
+            "predicted_ms_consumer_card": (row.get("plan_default_bandwidths") or {}).get("predicted_decode_ms"),
+            "h2d_gbps": bands.h2d_gbps}
 
 
 def picture_comparison(row: dict) -> dict[str, Any]:
@@ -188,6 +236,16 @@ def summary_lines(s: FamilySummary) -> list[str]:
     if s.boundary:
         lines.append(f"plan --train vs real OOM under 6 GiB: {len(s.boundary)} cases, agreement {pct(s.agreement)}, "
                      f"{len(s.false_fits)} predicted fits that ran out")
+        for arch in sorted({r["arch"] for r in s.boundary}):
+            false = sum(r["planner_fits"] and not r["actually_fits"] for r in s.boundary_of(arch))
+            lines.append(f"    {arch:16s} {len(s.boundary_of(arch)):3d} cases, agreement {pct(s.agreement_of(arch))}, "
+                         f"{false} predicted fits that ran out")
+    for o in s.offload:
+        gib = lambda v: f"{(v or 0) / 2**30:.2f} GiB"  # noqa: E731
+        lines.append(f"plan --offload {o['arch']} under {gib(o['budget_bytes'])}: layers {o['layers_on']}, oom={o['oom']}, "
+                     f"GPU peak predicted {gib(o['predicted_gpu_peak'])} measured {gib(o['measured_gpu_peak'])}, "
+                     f"{o['predicted_ms']:.0f} ms/token predicted (h2d {o['h2d_gbps']:.1f} GB/s) vs "
+                     f"{o['measured_ms'] or float('nan'):.0f} measured")
     for p in s.pictures:
         lines.append(f"picture {p['arch']} {p['precision']} {p['mode']} {p['seq_len']}x{p['batch']}: predicted peak "
                      f"{p['predicted_peak'] / 2**30:.2f} GiB, measured {(p['measured_peak'] or 0) / 2**30:.2f} GiB")

@@ -211,7 +211,9 @@ def _dispatch_and_decode(model, device_map, device, budget_bytes, context, row, 
         torch.cuda.set_per_process_memory_fraction(cap / total, dev)
         row["allocator_cap_bytes"] = int(cap)
     main = device if not cuda else 0
-    model = dispatch_model(model, device_map=device_map, main_device=main)
+    # as transformers' accelerate_dispatch does: the KV cache object is not moved by the hooks
+    skip = getattr(model, "_skip_keys_device_placement", None)
+    model = dispatch_model(model, device_map=device_map, main_device=main, **({"skip_keys": skip} if skip else {}))
     if cuda:
         row["resident_bytes"] = int(torch.cuda.memory_allocated(dev))
         torch.cuda.reset_peak_memory_stats(dev)
