@@ -70,4 +70,47 @@ def test_commands_name_modules_that_exist(driver, jobs, tmp_path):
                     str(ROOT / "benchmarks" / "vram" / "families.py")}
     for module in ("harness.memory.train_matrix", "harness.memory.snapshot_case"):
         assert importlib.util.find_spec(module) is not None
-    assert set(driver.FIT_EXCLUDED) <= set(driver.FAMILIES)
+    assert set(driver.FIT_EXCLUDED) <= set(driver.FAMILIES) | set(driver.SETS["mistral-moe"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The second run (--set mistral-moe)
+
+
+@pytest.fixture(scope="module")
+def second(driver):
+    return driver.all_jobs(job_set="mistral-moe")
+
+
+def test_second_run_moe_first_then_mistral_training_with_its_boundary_cases(driver, second):
+    assert [j["kind"] for j in second[:2]] == ["infer", "offload"] and second[0]["arch"] == "qwen3-30b-a3b"
+    assert second[0]["claim"] >= 60 * 2**30  # 57 GiB of bf16 weights on the GPU
+    train = [j for j in second if j["kind"] == "train"]
+    assert second[2:2 + len(train)] == train  # the training cases before Mistral's inference
+    matrix = [TrainCase(**j["case"]) for j in train if j["case"]["role"] == "matrix"]
+    assert {(c.targets, c.lora_r, c.grad_checkpointing) for c in matrix} == {
+        (t, r, g) for t in ("all", "attn") for r in (8, 64) for g in (True, False)}
+    assert [j["kind"] for j in second[-2:]] == ["infer", "infer"]
+    assert set(driver.SETS["mistral-moe"]) <= set(driver.FIT_EXCLUDED)
+    assert len({j["name"] for j in second}) == len(second)
+
+
+def test_second_run_boundary_cases_straddle_the_6gib_verdict(driver, second):
+    mine = [TrainCase(**j["case"]) for j in second if j["kind"] == "train" and j["case"]["role"] == "boundary"]
+    verdicts = [fits(estimate(model_shape(c.arch), c.query()).planned_bytes, c.budget_bytes,
+                     driver.ASSUMED_CONTEXT, default_headroom("train")) for c in mine]
+    assert len(mine) >= 10 and {c.arch for c in mine} == {"mistral-7b-v0.3"}
+    assert sum(verdicts) == len(mine) // 2
+
+
+def test_second_run_commands(driver, second, tmp_path):
+    from harness.models import reference_config_path
+
+    for j in second:
+        where = reference_config_path(j["arch"]) if j["arch"] in driver.BUILT_ON_DEVICE else tmp_path / j["arch"]
+        cmd = driver.command(j, where, tmp_path / "out.json", "cuda:0")
+        if j["kind"] == "offload":
+            assert cmd[1:4] == ["-m", "harness.memory.moe_case", "--offload"] and cmd[4] == "qwen3-30b-a3b"
+            assert importlib.util.find_spec("harness.memory.moe_case") is not None
+        elif j["kind"] == "infer" and j["arch"] in driver.BUILT_ON_DEVICE:
+            assert cmd[cmd.index("--model-dir") + 1].endswith("qwen3-30b-a3b.json")  # built, not loaded

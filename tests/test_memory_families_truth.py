@@ -96,3 +96,29 @@ def test_snapshot_picture_groups_predicted_and_measured_alike(run_dir):
 def test_no_rows_no_files(tmp_path):
     assert T.row_files(tmp_path) == []
     assert T.evaluate_families(tmp_path).boundary == []
+
+
+def test_offload_run_against_the_plan_recomputed(tmp_path):
+    """An offloaded run's row (harness.memory.moe_case) against plan --offload recomputed with the
+    run's own bandwidths and context: GPU peak and ms/token errors with their signs, the budget."""
+    from harness.memory.offload import Bandwidths, plan_offload
+
+    arch, budget, context = "qwen2.5-1.5b", 2 * GIB, 500 * 2**20
+    bw = {"h2d_gbps": 20.0, "device_gbps": 4000.0, "layer_ms": 1.8}
+    plan = plan_offload(arch, budget, "bf16", context_bytes=context, seq_len=38, new_tokens=6,
+                        cpu_memory_bytes=T.OFFLOAD_CPU_BYTES, bandwidths=Bandwidths(**bw))
+    assert plan.offloaded
+    layer = 100 * 2**20
+    gpu = plan.bytes_on_gpu + plan.runtime_bytes + layer
+    row = {"kind": "offload", "arch": arch, "precision": "bf16", "budget_bytes": budget, "prompt_len": 32,
+           "new_tokens": 6, "oom": False, "bandwidths": bw, "context_bytes": context, "largest_layer_bytes": layer,
+           "plan": {"layers_on": plan.layers_on}, "decode_peak_bytes": round(gpu / 0.98),
+           "decode_ms_per_token": plan.predicted_decode_ms / 1.2}
+    write(tmp_path, "rows/001-offload.json", row)
+    write(tmp_path, "rows/002-offload-failed.json", {"kind": "offload", "arch": arch, "error": "killed at the deadline"})
+    s = T.evaluate_families(tmp_path)
+    (o,) = s.offload
+    assert o["gpu_error"] == pytest.approx(-0.02, abs=1e-6) and o["ms_error"] == pytest.approx(0.2, abs=1e-6)
+    assert o["within_budget"] is (row["decode_peak_bytes"] + context <= budget) and not o["oom"]
+    assert s.failed == 1
+    assert any(line.startswith(f"plan --offload {arch}") for line in T.summary_lines(s))
