@@ -7,10 +7,11 @@ lent machine: nothing is downloaded and nothing this large is carried.
 - qwen2.5-1.5b-w4a16: the same architecture in compressed-tensors pack-quantized W4A16 layout
   (group 128, symmetric, lm_head kept bf16) with random int4 values and scales: what a GPTQ/AWQ
   export of it stores, byte for byte in shapes and dtypes, without running a quantizer.
-- qwen2.5-1.5b-gptq (--gptq, when llm-compressor is importable): the quantize chain's own GPTQ
-  W4A16 output of the bf16 model (harness.quant.quantize, 32 samples x 128 random token ids).
+- qwen2.5-1.5b-gptq / -awq (--gptq / --awq, when llm-compressor is importable): the quantize
+  chain's own GPTQ / AWQ W4A16 output of the bf16 model (harness.quant.quantize, 32 samples x 128
+  random token ids).
 
-    python3 benchmarks/vllm_plan/gpu_models.py --out /tmp/vmodels [--gptq] [--device cuda]
+    python3 benchmarks/vllm_plan/gpu_models.py --out /tmp/vmodels [--gptq] [--awq] [--device cuda]
 Prints one JSON line per model: its directory, stored bytes and seconds.
 """
 
@@ -103,20 +104,20 @@ def w4a16_model(src: Path, out: Path) -> Path:
     return target
 
 
-def gptq_model(src: Path, out: Path, device: str) -> Path:
-    """The quantize chain (llm-compressor GPTQ W4A16) on `device`, in this interpreter."""
+def quantized_model(src: Path, out: Path, device: str, method: str = "gptq") -> Path:
+    """The quantize chain (llm-compressor GPTQ or AWQ W4A16) on `device`, in this interpreter."""
     import random
 
     from harness.quant.quantize import QuantizeJob, run_quantize
 
-    target = out / f"{REFERENCE}-gptq"
+    target = out / f"{REFERENCE}-{method}"
     if (target / "config.json").is_file():
         return target
     rng = random.Random(0)
     vocab = json.loads((src / "config.json").read_text())["vocab_size"]
     samples = [[rng.randrange(vocab) for _ in range(128)] for _ in range(32)]
-    job = QuantizeJob(model_dir=src, out_dir=target, samples=samples, method="gptq", device=device, dtype="bf16")
-    run_quantize(sys.executable, [job], log_path=out / "gptq.log")
+    job = QuantizeJob(model_dir=src, out_dir=target, samples=samples, method=method, device=device, dtype="bf16")
+    run_quantize(sys.executable, [job], log_path=out / f"{method}.log")
     return target
 
 
@@ -128,13 +129,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="/tmp/vmodels")
     parser.add_argument("--gptq", action="store_true", help="also run the quantize chain's GPTQ (needs llm-compressor)")
+    parser.add_argument("--awq", action="store_true", help="also run the quantize chain's AWQ (after the GPTQ)")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     steps = [("bf16", lambda: bf16_model(out)), ("w4a16", lambda: w4a16_model(out / REFERENCE, out))]
     if args.gptq:
-        steps.append(("gptq", lambda: gptq_model(out / REFERENCE, out, args.device)))
+        steps.append(("gptq", lambda: quantized_model(out / REFERENCE, out, args.device, "gptq")))
+    if args.awq:
+        steps.append(("awq", lambda: quantized_model(out / REFERENCE, out, args.device, "awq")))
     rc = 0
     for name, build in steps:
         started = time.monotonic()

@@ -36,7 +36,7 @@ from harness.atomic import write_json  # noqa: E402
 from harness.memory.vllm_model import _safetensors_bytes  # noqa: E402
 from harness.serving.launcher import log_cause, parse_startup_log  # noqa: E402
 
-BF16, W4A16, GPTQ = "qwen2.5-1.5b", "qwen2.5-1.5b-w4a16", "qwen2.5-1.5b-gptq"
+BF16, W4A16, GPTQ, AWQ = "qwen2.5-1.5b", "qwen2.5-1.5b-w4a16", "qwen2.5-1.5b-gptq", "qwen2.5-1.5b-awq"
 SIX_GIB_SHARE = 0.043  # 6 GiB of the H200's 139.8 GiB: a small card's whole memory
 # id -> model, flags (the names of vLLM's own options), group. "graphs" settings capture CUDA
 # graphs (no --enforce-eager); s05 is served to the end (the bench step reuses it).
@@ -53,8 +53,12 @@ SETTINGS = {  # in the order they run: the most telling first, in case time runs
     "s03": (BF16, {"gpu_memory_utilization": 0.1, "max_model_len": 8192, "enforce_eager": True, "max_num_seqs": 64}),
     "s06": (BF16, {"gpu_memory_utilization": 0.5, "max_model_len": 32768, "max_num_seqs": 256}),
     "s05": (BF16, {"gpu_memory_utilization": 0.9, "max_model_len": 4096}),
+    # the quantize chain's own GPTQ and AWQ W4A16 outputs, served (Marlin) and asked for tokens
+    "s11": (GPTQ, {"gpu_memory_utilization": 0.9, "max_model_len": 32768, "enforce_eager": True}),
+    "s12": (AWQ, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 4096, "enforce_eager": True}),
 }
-SERVED = {"s05"}
+SERVED = {"s05", "s11", "s12"}
+PROBE = {"input_len": 256, "output_len": 64, "num_prompts": 16, "concurrency": 4}
 KV_SIZED = re.compile(r"Maximum concurrency for\s*[\d,]+\s*tokens per request")
 KEY_LINE = re.compile(r"(Model loading took|KV cache|Maximum concurrency|memory profiling|Memory profiling|"
                       r"non-torch|CUDA graph|cudagraph|torch.compile|Free memory|gpu_memory_utilization|"
@@ -108,7 +112,7 @@ def start_once(sid: str, model_dir: Path, flags: dict, serve: bool, log_dir: Pat
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
-    outcome, sized_s = "timeout", None
+    outcome, sized_s, probe = "timeout", None, None
     try:
         while time.monotonic() - started < timeout_s:
             text = log_path.read_text(errors="replace")
@@ -119,6 +123,7 @@ def start_once(sid: str, model_dir: Path, flags: dict, serve: bool, log_dir: Pat
                     break
             if serve and sized_s is not None and healthy(port):
                 outcome = "started"
+                probe = token_probe(port, model_dir, log_dir / f"{sid}-probe.json")
                 break
             if proc.poll() is not None:
                 outcome = "refused"
@@ -132,7 +137,35 @@ def start_once(sid: str, model_dir: Path, flags: dict, serve: bool, log_dir: Pat
             pass
         proc.wait()
     text = log_path.read_text(errors="replace")
-    return startup_record(sid, model_dir, flags, serve, outcome, seconds, sized_s, proc.returncode, text, free, total)
+    rec = startup_record(sid, model_dir, flags, serve, outcome, seconds, sized_s, proc.returncode, text, free, total)
+    return rec | ({"token_probe": probe} if probe else {})
+
+
+def token_probe(port: int, model_dir: Path, out: Path) -> dict:
+    """A served start answers: PROBE's requests through the harness's runner, each asked for
+    output_len tokens with ignore_eos; the record keeps whether every request came back with
+    exactly its prompt and output tokens (usage, the server's counters, the tokenizer) and a
+    sample of the text."""
+    from harness.serving.client import Target
+    from harness.serving.runner import BenchConfig, run_bench
+    from harness.serving.workload import Workload
+
+    work = Workload(input_len=PROBE["input_len"], output_len=PROBE["output_len"], num_prompts=PROBE["num_prompts"],
+                    seed=11)
+    cfg = BenchConfig(target=Target(f"http://127.0.0.1:{port}", model_dir.name, timeout_s=60), workload=work,
+                      concurrencies=[PROBE["concurrency"]], warmup=1, tokenizer_dir=model_dir, out=out, quiet=True,
+                      workers=1)
+    try:
+        run = run_bench(cfg)["runs"][0]
+    except Exception as exc:  # a probe that fails is a finding, not a crash of the whole sweep
+        return {"error": f"{type(exc).__name__}: {exc}"[:400]}
+    requests = run.get("requests") or []
+    return {**PROBE, "requests_ok": run.get("requests_ok"), "requests_failed": run.get("requests_failed"),
+            "errors": run.get("errors"), "input_tokens": run.get("input_tokens"),
+            "output_tokens": run.get("output_tokens"), "token_accounting": run.get("token_accounting"),
+            "exact": all(r.get("prompt_tokens") == PROBE["input_len"] and r.get("completion_tokens") == PROBE["output_len"]
+                         for r in requests) and len(requests) == PROBE["num_prompts"],
+            "output_throughput": run.get("output_throughput")}
 
 
 def startup_record(sid: str, model_dir: Path, flags: dict, serve: bool, outcome: str, seconds: float,
@@ -187,13 +220,18 @@ def main() -> int:
         model, flags = SETTINGS[sid]
         if model == W4A16 and (Path(args.models) / GPTQ / "config.json").is_file():
             model = GPTQ  # the quantize chain's own output, when it ran
+        if not (Path(args.models) / model / "config.json").is_file():
+            print(f"{sid}: skipped, no {model} (its build did not run or failed)", flush=True)
+            continue
         rec = start_once(sid, Path(args.models) / model, flags, sid in SERVED, log_dir,
                          min(args.start_timeout_s, left - 5))
         append(out, rec)
         lg = rec["logged"]
+        probe = rec.get("token_probe")
+        said = f"; probe: exact tokens {probe.get('exact')}, {probe.get('requests_ok')} ok" if probe else ""
         print(f"{sid} {model} {' '.join(rec['argv'])}: {rec['outcome']} in {rec['seconds']} s, "
               f"KV {lg['kv_cache_tokens']} tokens, {lg['kv_cache_memory_gib']} GiB, conc {lg['max_concurrency']}"
-              f"{'; ' + rec['cause'][:200] if rec['cause'] else ''}", flush=True)
+              f"{'; ' + rec['cause'][:200] if rec['cause'] else ''}{said}", flush=True)
     return 0
 
 

@@ -12,7 +12,7 @@
 #   carry             move the carried .vp/part.* to /tmp/vparts (vllm_on_device.sh)
 #   install           carry, then join the parts and install vLLM into /tmp/vsite
 #   models            random qwen2.5-1.5b bf16 + W4A16 layout -> /tmp/vmodels (CPU, background)
-#   gptq              the quantize chain's GPTQ W4A16 of it on the GPU (llm-compressor from /tmp/lcsite)
+#   gptq              the quantize chain's GPTQ and AWQ W4A16 of it on the GPU (llm-compressor from /tmp/lcsite)
 #   wait-families S   wait up to S seconds for /tmp/families-out/DONE, then kill what is left of it
 #   startups GROUP    gpu_startups.py --group eager|graphs
 #   serving STEPS     gpu_serving.py --steps bench,gate (server A = s05, B = s05 + --enforce-eager)
@@ -45,7 +45,7 @@ case $step in
   begin)
     bash "$0" extras && bash "$0" families && bash "$0" models; exit $? ;;
   after-install)
-    (GPTQ_TIMEOUT=${GPTQ_TIMEOUT:-170} setsid bash "$0" gptq > $R/gptq.txt 2>&1 < /dev/null &)
+    (GPTQ_TIMEOUT=${GPTQ_TIMEOUT:-240} setsid bash "$0" gptq > $R/gptq.txt 2>&1 < /dev/null &)
     [ -n "${CAPACITY:-}" ] && (setsid timeout 240 python3 benchmarks/serving/client_capacity.py --out $R/capacity > $R/capacity.txt 2>&1 < /dev/null &)
     echo "gptq started${CAPACITY:+, and the client capacity benchmark}" ;;
   extras)
@@ -70,8 +70,8 @@ case $step in
   pipeline-run)
     stamp() { echo "[$(date +%T)] $*"; }
     stamp "wait-families"; bash "$0" wait-families "${FAMILIES_WAIT_S:-300}" > $R/p-families.txt 2>&1; tail -2 $R/p-families.txt
-    stamp "startups ${PIPELINE_STARTUPS:-s09,s02}"
-    STARTUPS_ONLY=${PIPELINE_STARTUPS:-s09,s02} STARTUPS_LIMIT_S=${STARTUPS_LIMIT_S:-150} bash "$0" startups > $R/p-startups.txt 2>&1
+    stamp "startups ${PIPELINE_STARTUPS:-s09,s02,s11,s12}"
+    STARTUPS_ONLY=${PIPELINE_STARTUPS:-s09,s02,s11,s12} STARTUPS_LIMIT_S=${STARTUPS_LIMIT_S:-250} bash "$0" startups > $R/p-startups.txt 2>&1
     grep -E "^s[0-9]+ |skipped" $R/p-startups.txt | cut -c1-240
     stamp "serving bench"; SERVING_LIMIT_S=${BENCH_LIMIT_S:-400} bash "$0" serving bench > $R/p-bench.txt 2>&1
     grep -E "^c=|Error" $R/p-bench.txt | cut -c1-400
@@ -102,8 +102,8 @@ case $step in
     # llm-compressor's compressed-tensors (0.19), not vLLM's (0.17): /tmp/lcsite first
     for i in $(seq 1 120); do grep -q '"model": "w4a16"' $R/models.txt 2>/dev/null && break; sleep 2; done
     PYTHONPATH=/tmp/lcsite:/tmp/vsite:/tmp/site:$PWD timeout ${GPTQ_TIMEOUT:-150} \
-      python3 benchmarks/vllm_plan/gpu_models.py --out /tmp/vmodels --gptq >> $R/models.txt 2>&1
-    tail -n 40 /tmp/vmodels/gptq.log 2>/dev/null | grep -iE "error|took|GPTQ|saving" | tail -5
+      python3 benchmarks/vllm_plan/gpu_models.py --out /tmp/vmodels --gptq --awq >> $R/models.txt 2>&1
+    tail -n 40 /tmp/vmodels/gptq.log /tmp/vmodels/awq.log 2>/dev/null | grep -iE "error|took|GPTQ|AWQ|saving" | tail -8
     grep '^{' $R/models.txt ;;
   wait-families)
     limit=${1:-300}; t=0
