@@ -59,8 +59,11 @@ SETTINGS = {  # in the order they run: the most telling first, in case time runs
 }
 SERVED = {"s05", "s11", "s12"}
 PROBE = {"input_len": 256, "output_len": 64, "num_prompts": 16, "concurrency": 4}
+# vLLM's debug log says where "Model loading" grows ("Peak GPU memory after loading weights"):
+# V2's is 0.11 GiB above the parameters and the rotary cache (docs/gpu.md)
+DEBUG_LOG = {"s02"}
 KV_SIZED = re.compile(r"Maximum concurrency for\s*[\d,]+\s*tokens per request")
-KEY_LINE = re.compile(r"(Model loading took|KV cache|Maximum concurrency|memory profiling|Memory profiling|"
+KEY_LINE = re.compile(r"(Model loading took|Peak GPU memory|KV cache|Maximum concurrency|memory profiling|Memory profiling|"
                       r"non-torch|CUDA graph|cudagraph|torch.compile|Free memory|gpu_memory_utilization|"
                       r"Using .* backend|model runner|Error|error:|Traceback|ValueError|RuntimeError|"
                       r"Available|vLLM API server version|max_num_batched_tokens|max_num_seqs|chunked)", re.I)
@@ -107,7 +110,8 @@ def start_once(sid: str, model_dir: Path, flags: dict, serve: bool, log_dir: Pat
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", model_dir.name, "--host", "127.0.0.1", "--port", str(port), *flag_args(flags)]
     free, total = cuda_memory()
-    env = {**os.environ, "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
+           **({"VLLM_LOGGING_LEVEL": "DEBUG"} if sid in DEBUG_LOG else {})}
     started = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
