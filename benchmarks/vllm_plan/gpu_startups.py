@@ -67,6 +67,7 @@ KEY_LINE = re.compile(r"(Model loading took|Peak GPU memory|KV cache|Maximum con
                       r"non-torch|CUDA graph|cudagraph|torch.compile|Free memory|gpu_memory_utilization|"
                       r"Using .* backend|model runner|Error|error:|Traceback|ValueError|RuntimeError|"
                       r"Available|vLLM API server version|max_num_batched_tokens|max_num_seqs|chunked)", re.I)
+_DEBUG_KEPT = re.compile(r"Peak GPU memory|weights took|Loading weights")
 _LOADING = re.compile(r"Model loading took\s*([\d.]+)\s*GiB")
 
 
@@ -190,7 +191,8 @@ def startup_record(sid: str, model_dir: Path, flags: dict, serve: bool, outcome:
                    "kv_cache_memory_gib": info.kv_cache_memory_gib,
                    "model_loading_gib": float(loading.group(1)) if loading else None},
         "cause": log_cause(text) if outcome != "started" else "",
-        "key_lines": [line.strip()[:400] for line in text.splitlines() if KEY_LINE.search(line)][:80],
+        "key_lines": [line.strip()[:400] for line in text.splitlines() if KEY_LINE.search(line)
+                      and (" DEBUG " not in line or _DEBUG_KEPT.search(line))][:80],
     }
 
 
