@@ -101,3 +101,39 @@ def test_report_refuses_an_output_folder_that_does_not_exist(tmp_path):
     assert "is not a directory" in line and not (tmp_path / "nonexistent").exists()
     line = _one_line(_cli("report", "--index", str(tmp_path), "--out", str(missing / "index.html")), 2)
     assert "does not exist" in line and not missing.exists()
+
+
+def test_a_pytest_user_is_told_the_suites_option_not_benchs(tmp_path):
+    """An error that tells the user what to pass names the option of the caller (the serving suite
+    gives `tokenizer_option="--model DIR ..."`), not bench's --tokenizer, which pytest does not have:
+    a server without /tokenize whose chat endpoint gives no usage cannot be calibrated for chat."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from harness.errors import UsageError
+    from harness.serving import prompts
+    from harness.serving.client import Target, make_session
+
+    async def completions(request):  # one token per space-separated word, plus one special
+        body = await request.json()
+        n = len(str(body["prompt"]).split()) + 1
+        return web.json_response({"choices": [{"text": "x"}], "usage": {"prompt_tokens": n, "completion_tokens": 1}})
+
+    async def calibrate(api: str, method: str = "auto"):
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)  # no /tokenize, no chat: a 404 there
+        async with TestServer(app, host="127.0.0.1") as server:
+            session = make_session()
+            try:
+                target = Target(str(server.make_url("")).rstrip("/"), "m", api=api, timeout_s=10)
+                return await prompts.calibrate(session, target, None, method, tokenizer_option="--model DIR")
+            finally:
+                await session.close()
+
+    assert asyncio.run(calibrate("completions")).method == "usage-probes"
+    with pytest.raises(CheckFailed, match=r"answered 404 without usage.prompt_tokens.*\(give --model DIR\)$"):
+        asyncio.run(calibrate("chat"))
+    with pytest.raises(UsageError, match=r"--prompt-calibration tokenizer needs --model DIR$"):
+        asyncio.run(calibrate("completions", "tokenizer"))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from functools import partial
 from dataclasses import dataclass, field, asdict
 from typing import Awaitable, Callable
 
@@ -99,6 +100,9 @@ class Calibration:
 Count = Callable[[str], Awaitable[int]]  # text -> prompt tokens the server sees for it
 
 
+# what a bench user passes to give a local tokenizer (the serving suite names its own --model DIR)
+BENCH_TOKENIZER_OPTION = "--tokenizer DIR (or --model as a local directory)"
+
 def _tokenize_counter(session: aiohttp.ClientSession, target: Target, chat: bool, stats: Calibration) -> Count:
     async def count(text: str) -> int:
         body: dict = {"model": target.model}
@@ -115,8 +119,10 @@ def _tokenize_counter(session: aiohttp.ClientSession, target: Target, chat: bool
     return count
 
 
-def _probe_counter(session: aiohttp.ClientSession, target: Target, chat: bool, stats: Calibration) -> Count:
-    """usage.prompt_tokens of a one-token request: what the server counted for `text`."""
+def _probe_counter(session: aiohttp.ClientSession, target: Target, chat: bool, stats: Calibration,
+                   option: str = "--tokenizer DIR") -> Count:
+    """usage.prompt_tokens of a one-token request: what the server counted for `text`; `option` is
+    what the caller's user passes to give a local tokenizer instead (said in the error)."""
 
     async def count(text: str) -> int:
         body: dict = {"model": target.model, "max_tokens": 1, "temperature": 0.0, "stream": False}
@@ -129,7 +135,7 @@ def _probe_counter(session: aiohttp.ClientSession, target: Target, chat: bool, s
         usage = (data or {}).get("usage") or {}
         if status != 200 or not isinstance(usage.get("prompt_tokens"), int):
             raise CheckFailed(f"a calibration probe to {target.base_url}{path} answered {status} without "
-                              "usage.prompt_tokens: cannot measure prompt lengths (give --tokenizer DIR)")
+                              f"usage.prompt_tokens: cannot measure prompt lengths (give {option})")
         return usage["prompt_tokens"]
 
     return count
@@ -167,7 +173,7 @@ async def _one_token_words(count: Count, specials: int, candidates: list[str], w
 
 
 async def calibrate(session: aiohttp.ClientSession, target: Target, tokenizer: PromptTokenizer | None,
-                    method: str = "auto", tokenizer_option: str = "--tokenizer DIR") -> Calibration:
+                    method: str = "auto", tokenizer_option: str = BENCH_TOKENIZER_OPTION) -> Calibration:
     """Find out how to build prompts of an exact length for this server (see the module doc).
     `tokenizer_option` is what the caller's user passes to give a local tokenizer (said in errors)."""
     if method not in METHODS:
@@ -175,7 +181,7 @@ async def calibrate(session: aiohttp.ClientSession, target: Target, tokenizer: P
     chat = target.api == "chat"
     auto = method == "auto"  # may fall back to the server's vocabulary when words do not work
     if method == "tokenizer" and tokenizer is None:
-        raise UsageError("--prompt-calibration tokenizer needs --tokenizer DIR (or --model as a local directory)")
+        raise UsageError(f"--prompt-calibration tokenizer needs {tokenizer_option}")
     if method == "auto":
         if tokenizer is not None:
             method = "tokenizer"
@@ -186,7 +192,8 @@ async def calibrate(session: aiohttp.ClientSession, target: Target, tokenizer: P
         raise CheckFailed(f"{target.base_url} has no POST /tokenize (not vLLM?): use --prompt-calibration usage-probes")
     if method == "server-vocab":
         return await _vocab_calibration(session, target)
-    plain = (_tokenize_counter if method == "server-tokenize" else _probe_counter)(session, target, False, cal)
+    counter = _tokenize_counter if method == "server-tokenize" else partial(_probe_counter, option=tokenizer_option)
+    plain = counter(session, target, False, cal)
     if method == "tokenizer":
         cal.specials, cal.exact = tokenizer._specials, True
     elif method == "usage-probes":
@@ -206,7 +213,7 @@ async def calibrate(session: aiohttp.ClientSession, target: Target, tokenizer: P
                 raise
             return await _vocab_calibration(session, target, requests=cal.requests)
     if chat:
-        chat_count = (_tokenize_counter if method == "server-tokenize" else _probe_counter)(session, target, True, cal)
+        chat_count = counter(session, target, True, cal)
         probe = cal.words[:8] if cal.words else None
         if probe is None:  # local tokenizer: one whole-word text of known length
             text, _ = tokenizer.text_of_length(tokenizer._specials + 8, random.Random(0))
@@ -349,7 +356,7 @@ def _local_specs(workload: Workload, cal: Calibration, tokenizer: PromptTokenize
 
 def make_specs(target: Target, workload: Workload, tokenizer: PromptTokenizer | None = None,
                calibration: Calibration | None = None,
-               tokenizer_option: str = "--tokenizer DIR") -> tuple[list[RequestSpec], Calibration]:
+               tokenizer_option: str = BENCH_TOKENIZER_OPTION) -> tuple[list[RequestSpec], Calibration]:
     """Synchronous `calibrate` (unless given) + `build_specs`, for callers outside an event loop."""
     from .client import make_session
 
