@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -125,48 +126,76 @@ def harness_bench(server, model_dir: Path, c: int, out: Path) -> dict:
     return {k: run.get(k) for k in keep} | {"exit_code": proc.returncode, "stderr_tail": proc.stderr[-300:]}
 
 
-def vllm_bench(server, model_dir: Path, c: int, out_dir: Path) -> dict:
-    name = f"vllm-bench-c{c}.json"
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai",
-           "--base-url", server.base_url, "--model", server.model, "--tokenizer", str(model_dir),
-           "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-           "--num-prompts", str(PROMPTS[c]), "--max-concurrency", str(c), "--ignore-eos",
-           "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
-           "--save-result", "--result-dir", str(out_dir), "--result-filename", name]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    path = out_dir / name
-    if not path.is_file():
-        return {"error": (proc.stderr or proc.stdout)[-600:], "exit_code": proc.returncode}
-    data = json.loads(path.read_text())
-    keep = ("completed", "duration", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
-            "median_tpot_ms", "p99_tpot_ms", "total_input_tokens", "total_output_tokens")
-    return {k: data.get(k) for k in keep}
+class VllmBench:
+    """`vllm bench serve`, one persistent process for every level (vllm_bench_levels.py)."""
+
+    def __init__(self, server, model_dir: Path, out_dir: Path):
+        self.server, self.model_dir, self.out_dir = server, model_dir, out_dir
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("vllm_bench_levels.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(out_dir / "vllm-bench.log", "ab"),
+                                     text=True, cwd=ROOT)
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def run(self, c: int) -> dict:
+        name = f"vllm-bench-c{c}.json"
+        argv = ["--backend", "openai", "--base-url", self.server.base_url, "--model", self.server.model,
+                "--tokenizer", str(self.model_dir), "--dataset-name", "random", "--random-input-len", str(INPUT_LEN),
+                "--random-output-len", str(OUTPUT_LEN), "--num-prompts", str(PROMPTS[c]), "--max-concurrency", str(c),
+                "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
+                "--save-result", "--result-dir", str(self.out_dir), "--result-filename", name]
+        self.proc.stdin.write(" ".join(shlex.quote(a) for a in argv) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        reply = json.loads(line) if line.strip() else {"error": f"vllm_bench_levels.py ended (exit {self.proc.poll()})"}
+        path = self.out_dir / name
+        if "error" in reply or not path.is_file():
+            return {"error": reply.get("error", "no result file")}
+        data = json.loads(path.read_text())
+        keep = ("completed", "duration", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
+                "median_tpot_ms", "p99_tpot_ms", "total_input_tokens", "total_output_tokens")
+        return {k: data.get(k) for k in keep}
 
 
 def bench_step(server, model_dir: Path, out: Path) -> None:
     rows, runs = [], out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    for c in CONCURRENCIES:
-        row = {"concurrency": c, "num_prompts": PROMPTS[c]}
-        for tool, fn in (("harness", lambda: harness_bench(server, model_dir, c, runs / f"harness-c{c}.json")),
-                         ("vllm", lambda: vllm_bench(server, model_dir, c, runs))):
-            before, sum_before = ttft_buckets(server.base_url), ttft_sum_count(server.base_url)
-            started = time.monotonic()
-            row[tool] = fn()
-            row[tool]["wall_s"] = round(time.monotonic() - started, 1)
-            after, sum_after = ttft_buckets(server.base_url), ttft_sum_count(server.base_url)
-            row[tool]["server_ttft_p50"] = histogram_quantile(before, after, 0.5)
-            row[tool]["server_ttft_p99"] = histogram_quantile(before, after, 0.99)
-            # every request the server saw in the run, warm-up included (the clients' means are not)
-            row[tool]["server_ttft_mean_ms"] = server_mean_ms(sum_before, sum_after)
-        rows.append(row)
-        write_json(out / "serving-bench.json", {"input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "rows": rows,
-                                                "server": server.environment()}, indent=1, default=str)
-        h, v = row["harness"], row["vllm"]
-        say(f"c={c}: harness ttft p50 {(h.get('ttft_ms') or {}).get('p50')} ms (server "
-            f"{h['server_ttft_p50'].get('ms')}), {h.get('output_throughput')} tok/s, lag {h.get('schedule_lag_ms')}"
-            f" | vllm bench ttft p50 {v.get('median_ttft_ms')} ms (server {v['server_ttft_p50'].get('ms')}), "
-            f"{v.get('output_throughput')} tok/s")
+    vllm = VllmBench(server, model_dir, runs)
+    try:
+        for c in CONCURRENCIES:
+            rows.append(bench_level(server, model_dir, c, runs, vllm))
+            write_json(out / "serving-bench.json", {"input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "rows": rows,
+                                                    "server": server.environment()}, indent=1, default=str)
+    finally:
+        vllm.close()
+
+
+def bench_level(server, model_dir: Path, c: int, runs: Path, vllm: VllmBench) -> dict:
+    """One concurrency: the harness's bench, then vLLM's, each between two reads of /metrics."""
+    row = {"concurrency": c, "num_prompts": PROMPTS[c]}
+    for tool, fn in (("harness", lambda: harness_bench(server, model_dir, c, runs / f"harness-c{c}.json")),
+                     ("vllm", lambda: vllm.run(c))):
+        before, sum_before = ttft_buckets(server.base_url), ttft_sum_count(server.base_url)
+        started = time.monotonic()
+        row[tool] = fn()
+        row[tool]["wall_s"] = round(time.monotonic() - started, 1)
+        after, sum_after = ttft_buckets(server.base_url), ttft_sum_count(server.base_url)
+        row[tool]["server_ttft_p50"] = histogram_quantile(before, after, 0.5)
+        row[tool]["server_ttft_p99"] = histogram_quantile(before, after, 0.99)
+        # every request the server saw in the run, warm-up included (the clients' means are not)
+        row[tool]["server_ttft_mean_ms"] = server_mean_ms(sum_before, sum_after)
+    h, v = row["harness"], row["vllm"]
+    say(f"c={c}: harness ttft p50 {(h.get('ttft_ms') or {}).get('p50')} ms (server "
+        f"{h['server_ttft_p50'].get('ms')}), {h.get('output_throughput')} tok/s, lag {h.get('schedule_lag_ms')}"
+        f" | vllm bench ttft p50 {v.get('median_ttft_ms')} ms (server {v['server_ttft_p50'].get('ms')}), "
+        f"{v.get('output_throughput')} tok/s")
+    return row
 
 
 def gate_bench(server, model_dir: Path, path: Path) -> dict:
