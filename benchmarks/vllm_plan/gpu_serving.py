@@ -50,7 +50,7 @@ PROMPTS = {1: 32, 16: 128, 64: 256, 128: 512, 256: 1024}
 INPUT_LEN, OUTPUT_LEN = 512, 128
 GATE_WORKLOAD = Workload(input_len=256, output_len=64, num_prompts=64, seed=5)
 GATE_CONCURRENCY, GATE_REPEATS = 32, 3
-BENCH_WORKERS, GATE_WORKERS, B_PAIRS = 4, 2, 4
+BENCH_WORKERS, GATE_WORKERS, B_PAIRS = 4, 2, 5
 # The gate's servers, eager (a start costs ~40 s, not ~100): B holds half of A's batch at the
 # gate's concurrency, a real slowdown of every decode step.
 GATE_A = {"gpu_memory_utilization": 0.3, "max_model_len": 2048, "enforce_eager": True, "max_num_seqs": 32}

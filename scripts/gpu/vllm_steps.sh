@@ -70,8 +70,8 @@ case $step in
   pipeline-run)
     stamp() { echo "[$(date +%T)] $*"; }
     stamp "wait-families"; bash "$0" wait-families "${FAMILIES_WAIT_S:-300}" > $R/p-families.txt 2>&1; tail -2 $R/p-families.txt
-    stamp "startups ${PIPELINE_STARTUPS:-s09,s02,s11,s12}"
-    STARTUPS_ONLY=${PIPELINE_STARTUPS:-s09,s02,s11,s12} STARTUPS_LIMIT_S=${STARTUPS_LIMIT_S:-250} bash "$0" startups > $R/p-startups.txt 2>&1
+    stamp "startups ${PIPELINE_STARTUPS:-s09,s02,s11,s12,s06}"
+    STARTUPS_ONLY=${PIPELINE_STARTUPS:-s09,s02,s11,s12,s06} STARTUPS_LIMIT_S=${STARTUPS_LIMIT_S:-320} bash "$0" startups > $R/p-startups.txt 2>&1
     grep -E "^s[0-9]+ |skipped" $R/p-startups.txt | cut -c1-240
     stamp "serving bench"; SERVING_LIMIT_S=${BENCH_LIMIT_S:-400} bash "$0" serving bench > $R/p-bench.txt 2>&1
     grep -E "^c=|Error" $R/p-bench.txt | cut -c1-400
@@ -79,7 +79,7 @@ case $step in
     grep -E "^gate|Error" $R/p-gate.txt | cut -c1-300
     for i in $(seq 1 60); do [ -f /tmp/vsite2/.done ] && break; sleep 1; done
     stamp "suite (baseline: $([ -f /tmp/vsite2/.done ] && echo /tmp/python-vllm2 || echo none))"
-    bash "$0" suite > $R/p-suite.txt 2>&1; grep -E "exit|passed|failed" $R/p-suite.txt | tail -3
+    SUITE_LIMIT_S=${SUITE_LIMIT_S:-330} bash "$0" suite > $R/p-suite.txt 2>&1; grep -E "exit|passed|failed" $R/p-suite.txt | tail -3
     stamp "pipeline done"; touch $R/PIPELINE_DONE ;;
   poll)
     limit=${1:-60}; t=0; off=$(cat $R/.poll_off 2>/dev/null || echo 0)
