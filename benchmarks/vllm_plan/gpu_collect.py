@@ -7,6 +7,10 @@ benchmarks/vllm_plan/measured/h200-vllm-0.26.0.json, and print the must-show tab
 - the gate's A/A and A/B verdict counts per policy, and the serving suite's outcome.
 
     python benchmarks/vllm_plan/gpu_collect.py VRES_DIR [--out benchmarks/vllm_plan/measured/h200-vllm-0.26.0.json]
+
+The second hold (the pipeline of scripts/gpu/vllm_steps.sh, 0.25.1 beside 0.26.0) went to
+h200-vllm-0.26.0-hold2.json: its install of the second version and the upgrade rehearsal's
+comparison (the suite's upgrade.compare.json) are kept too.
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ def main() -> int:
                        if line.startswith("{")] if (vres / "models.txt").is_file() else [],
             "startups": startups, "bench": load(vres / "serving-bench.json"), "gate": load(vres / "serving-gate.json"),
             "suite": suite_summary(vres)}
+    if (vres / "install2.txt").is_file():  # the upgrade rehearsal's second version, and its comparison
+        data["install_second"] = (vres / "install2.txt").read_text().strip()
+        data["upgrade"] = load(vres / "suite" / "serving" / "upgrade.compare.json")
     if data["bench"]:
         data["bench"].pop("server", None)
     write_json(Path(args.out), data, indent=1)
