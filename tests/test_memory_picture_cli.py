@@ -65,6 +65,23 @@ def test_explain_text_draws_bars_and_names_unverified_families(capsys):
     assert "unverified" not in capsys.readouterr().out
 
 
+
+def test_plan_says_unverified_as_estimate_does(capsys):
+    """plan computes through the same estimator: an unchecked family is named there too (text and
+    JSON), one model or two on a card; a verified one stays quiet."""
+    assert main(["plan", "--config", "gemma-2-2b", "--budget", "6GiB", "--train", "--precision", "nf4-dq"]) == 0
+    out = capsys.readouterr().out
+    assert "note: unverified for gemma2 training" in out and "computed through" in out
+    assert run_json(capsys, "plan", "--config", "gemma-2-2b", "--budget", "6GiB",
+                    "--precision", "nf4-dq")["verification"]["verified"] is False
+    assert main(["plan", "--config", "gemma-2-2b", "--config", "qwen2.5-0.5b", "--budget", "6GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "note: gemma-2-2b: unverified for gemma2" in out and "qwen2.5-0.5b: unverified" not in out
+    two = run_json(capsys, "plan", "--config", "gemma-2-2b", "--config", "qwen2.5-0.5b", "--budget", "6GiB")
+    assert [v["family"] for v in two["verification"]] == ["gemma2", "qwen2"]
+    assert main(["plan", "--config", "qwen2.5-0.5b", "--budget", "6GiB", "--precision", "nf4-dq"]) == 0
+    assert "unverified" not in capsys.readouterr().out
+
 def test_plan_train_names_what_stops_it_and_the_change_that_helps_most(capsys):
     out = run_json(capsys, "plan", "--config", "qwen2.5-1.5b", "--budget", "6GiB", "--train", "--precision", "nf4-dq",
                    "--lora-r", "8", "--lora-targets", "q_proj,k_proj,v_proj,o_proj")

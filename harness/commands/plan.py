@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..memory import budget as B
     from ..memory import estimate as E
-    from ..units import format_bytes, format_size
+    from ..units import format_size
 
     if args.budget is None:
         raise UsageError("--budget is required (or plan vLLM's server with --engine vllm)")
@@ -101,9 +101,10 @@ def run(args: argparse.Namespace) -> int:
     offload = _offload(args, opts, B.default_headroom("generate") if args.headroom is None
                        else args.headroom, precisions) if args.offload else None
     advice = _train_advice(shape, plans, opts, budget, context, headroom, args.batch_seq_len, limit.tokens) if args.train else {}
+    verified = verification_of(shape, mode)
     if args.json:
         out = {"budget_bytes": budget, "context_bytes": context, "headroom": headroom, "mode": mode,
-               "context_limit": limit.tokens, "context_limit_source": limit.source,
+               "context_limit": limit.tokens, "context_limit_source": limit.source, "verification": verified,
                "plans": [p.as_dict() | _engine(p.precision) | _advice_of(advice, p.precision) for p in plans]}
         if args.train:
             out.update(lora_r=opts.lora_r, lora_targets=list(targets), optimizer=opts.optimizer,
@@ -118,19 +119,35 @@ def run(args: argparse.Namespace) -> int:
               f"{'with' if opts.grad_checkpointing else 'without'} gradient checkpointing)") if args.train else "generate"
     print(f"budget {format_size(budget)}, CUDA context {format_size(context)}, headroom {headroom:.1%}, "
           f"model limit {limit.tokens or '-'} tokens, mode {recipe}")
-    print(f"{'precision':9s} {'fits':4s} {'weights':>11s} {'max context':>11s} "
-          f"{'max batch@' + str(min(args.batch_seq_len, limit.tokens or args.batch_seq_len)):>15s}  why")
-    for p in plans:
-        print(f"{p.precision:9s} {'yes' if p.fits else 'no':4s} {format_bytes(p.weights_bytes):>11s} "
-              f"{p.max_seq_len if p.max_seq_len else '-':>11} {p.max_batch if p.max_batch else '-':>15}  {p.reason}")
-    for name in dict.fromkeys(p.precision for p in plans if p.precision in E.ENGINES):
-        print(f"{name}: {E.ENGINES[name]}")
+    _print_plans(plans, min(args.batch_seq_len, limit.tokens or args.batch_seq_len))
+    if not verified["verified"]:
+        print(f"note: {verified['note']}; computed through {verified['path']}.")
     _print_advice(plans, advice)
     if offload is not None:
         print_offload(offload)
         if _moe_note(shape):
             print(f"  {_moe_note(shape)}")
     return 0
+
+
+def verification_of(shape, mode: str) -> dict:
+    """Whether the estimator was checked on a GPU for this family and mode, and its path (as estimate says)."""
+    from ..memory.families import verification
+
+    return verification(shape.family, mode, shape.source, shape.traits)
+
+
+def _print_plans(plans, batch_seq_len: int) -> None:
+    from ..memory import estimate as E
+    from ..units import format_bytes
+
+    print(f"{'precision':9s} {'fits':4s} {'weights':>11s} {'max context':>11s} "
+          f"{'max batch@' + str(batch_seq_len):>15s}  why")
+    for p in plans:
+        print(f"{p.precision:9s} {'yes' if p.fits else 'no':4s} {format_bytes(p.weights_bytes):>11s} "
+              f"{p.max_seq_len if p.max_seq_len else '-':>11} {p.max_batch if p.max_batch else '-':>15}  {p.reason}")
+    for name in dict.fromkeys(p.precision for p in plans if p.precision in E.ENGINES):
+        print(f"{name}: {E.ENGINES[name]}")
 
 
 def _moe_note(shape) -> str | None:

@@ -56,10 +56,16 @@ def run(args: argparse.Namespace, configs: list[str]) -> int:
     plan = C.plan_two(configs, shapes, [_name(c) for c in configs], _precisions(args.precision), opts.budget_bytes,
                       opts.context_bytes, headroom, seq, new_tokens=opts.new_tokens, turn_tokens=args.turn_tokens,
                       train=args.train, train_kw=train_kw, limit=limit, disk_gbps=args.disk_gbps)
+    from .plan import verification_of
+
+    checks = [verification_of(s, "train" if m.role == "train" else "generate") for s, m in zip(shapes, plan.models)]
     if args.json:
-        print(json.dumps({"mode": "two-models", **plan.as_dict()}, indent=1))
+        print(json.dumps({"mode": "two-models", **plan.as_dict(), "verification": checks}, indent=1))
         return 0
     print(_text(plan))
+    for m, v in zip(plan.models, checks):
+        if not v["verified"]:
+            print(f"note: {m.name}: {v['note']}; computed through {v['path']}.")
     return 0
 
 
