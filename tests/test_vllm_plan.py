@@ -246,6 +246,12 @@ def test_cli_readable_and_sweep():
       "--max-model-len", "2048", "--quantization", "int3"], "--quantization"),
     (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--gpu-memory-utilization", "0.9",
       "--max-model-len", "2048", "--vllm-engine", "v0", "--vllm-version", "0.11"], "no V0 engine"),
+    (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--max-model-len", "2048",
+      "--vllm-version", "0.25abc"], "--vllm-version: '0.25abc' is not a version"),
+    (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--max-model-len", "2048",
+      "--vllm-version", "0.32.0; rm -rf"], "is not a version like"),
+    (["--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "rtx-3060-6gb", "--max-model-len", "2048",
+      "--gpu-used-by-others", "10GiB"], "--gpu-used-by-others: 10GiB is the whole card or more"),
     (["--config", "qwen2.5-1.5b", "--gpu-memory", "t4"], "needs --engine vllm"),
     (["--config", "qwen2.5-1.5b"], "--budget is required"),
 ])
@@ -303,3 +309,20 @@ def test_a_version_newer_than_the_rules_is_flagged_not_refused():
     known = V.plan(facts, V.VllmQuery(gpu=GPUS["t4"], gpu_memory_utilization=0.9, max_model_len=2048,
                                       vllm_version="0.26.0"))
     assert not any("newer" in n for n in known.notes)
+
+
+@pytest.mark.parametrize("version", ["0.8.5.post1", "0.10.1.1", "0.8.x", "0.32.0+cpu", "v0.6.4", "0.9.0rc2"])
+def test_versions_as_pip_and_logs_spell_them_are_taken(version):
+    r = run_cli("--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--max-model-len", "2048",
+                "--vllm-version", version, "--json")
+    assert r.returncode == 0, r.stderr
+
+
+def test_lora_sizes_without_enable_lora_are_named_not_silently_dropped():
+    base = ("--engine", "vllm", "--config", "qwen2.5-1.5b", "--gpu-memory", "t4", "--max-model-len", "2048", "--json")
+    plain = json.loads(run_cli(*base).stdout)
+    ignored = json.loads(run_cli(*base, "--max-lora-rank", "64").stdout)
+    assert ignored["kv_cache_tokens"] == plain["kv_cache_tokens"]
+    assert any("--max-lora-rank without --enable-lora" in n for n in ignored["notes"])
+    lora = json.loads(run_cli(*base, "--max-lora-rank", "64", "--enable-lora").stdout)
+    assert lora["kv_cache_tokens"] < plain["kv_cache_tokens"] and not any("without --enable-lora" in n for n in lora["notes"])

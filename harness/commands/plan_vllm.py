@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from ..errors import UsageError
 from ..units import comma_list, int_list
@@ -23,6 +24,8 @@ VLLM_ONLY = {
 }
 DEFAULT_UTILIZATION = 0.9  # vLLM's own default
 LAST_V0_VERSION = "0.10.2"  # V0 was removed in 0.11
+# a release as pip spells it (0.6.4, 0.10.1.1, 0.8.5.post1, 0.9.0rc2, 0.32.0+cpu) or a minor line (0.8.x)
+VERSION_TEXT = re.compile(r"^v?\d+\.\d+(\.(\d+|x))?(\.\d+)*([.-]?(post|rc|dev|a|b)\d*)*(\+[\w.]+)?$")
 SWEEP_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 SWEEP_PRECISIONS = (("none", "auto"), ("fp8", "auto"), ("awq", "auto"), ("awq", "fp8"))
 
@@ -120,11 +123,21 @@ def version_for(args: argparse.Namespace) -> tuple[str, str | None]:
     from ..memory.vllm_plan import DEFAULT_VERSION
 
     if args.vllm_version:
+        if not VERSION_TEXT.match(args.vllm_version):
+            raise UsageError(f"--vllm-version: {args.vllm_version!r} is not a version like 0.11, 0.6.4 or 0.8.5.post1")
         return args.vllm_version, None
     if args.vllm_engine == "v0":
         return LAST_V0_VERSION, (f"no --vllm-version: V0 planned with vLLM {LAST_V0_VERSION}'s rules (its last "
                                  "release with V0; V0 from 0.6.5 to 0.10 sizes the cache the same way)")
     return DEFAULT_VERSION, None
+
+
+def _lora_note(args: argparse.Namespace) -> str | None:
+    """--max-lora-rank / --max-loras without --enable-lora: vLLM reserves nothing for LoRA then."""
+    given = [f"--{n.replace('_', '-')}" for n in ("max_lora_rank", "max_loras") if getattr(args, n) != VLLM_ONLY[n]]
+    if given and not args.enable_lora:
+        return f"{' and '.join(given)} without --enable-lora: planned without LoRA, as vLLM starts then"
+    return None
 
 
 def _queries(args: argparse.Namespace):
@@ -153,6 +166,9 @@ def _queries(args: argparse.Namespace):
         text = str(args.weights_bytes)
         weights = int(text) if text.isdigit() else parse_bytes(text, "--weights-bytes")
     others = parse_bytes(args.gpu_used_by_others, "--gpu-used-by-others") if args.gpu_used_by_others else 0
+    if others >= gpu.total_bytes:
+        raise UsageError(f"--gpu-used-by-others: {args.gpu_used_by_others} is the whole card or more "
+                         f"({gpu.name}: {gpu.total_bytes / 1024**3:.2f} GiB)")
     base = dict(gpu=gpu, gpu_memory_utilization=utilization, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens, dtype=args.dtype,
                 enforce_eager=args.enforce_eager, enable_lora=args.enable_lora, max_lora_rank=args.max_lora_rank,
@@ -170,11 +186,10 @@ def run(args: argparse.Namespace) -> int:
 
     queries = _queries(args)
     facts = model_facts(args.config)
-    note = version_for(args)[1]
+    notes = [n for n in (version_for(args)[1], _lora_note(args)) if n]
     results = [(quant, kv, length, plan(facts, q, search=len(queries) == 1)) for quant, kv, length, q in queries]
-    if note:
-        for *_, r in results:
-            r.notes.insert(0, note)
+    for *_, r in results:
+        r.notes[:0] = notes
     if len(results) == 1:
         result = results[0][3]
         if args.json:
