@@ -146,6 +146,8 @@ def test_plan_train_and_bad_budget():
     (["--budget", "6G"], "--budget: '6G' is ambiguous"),
     (["--optimizer", "sgd"], "--optimizer: unknown optimizer 'sgd'"),
     (["--context-bytes", "400"], "--context-bytes: '400' has no unit"),
+    (["--budget", "6MB"], "--budget: 6MB leaves nothing after the 400 MiB CUDA context"),  # MB for GB
+    (["--lora-targets", ""], "--lora-targets: no value given"),
 ])
 def test_estimate_and_plan_read_their_shared_options_alike(args, needle):
     """The options both commands declare (harness/commands/model_options.py) fail the same way in each."""
@@ -163,3 +165,11 @@ def test_estimate_and_plan_count_the_same_generated_tokens(capsys):
     assert json.loads(capsys.readouterr().out)[0]["new_tokens"] == DEFAULT_NEW_TOKENS
     assert main(["plan", "--config", "qwen2.5-0.5b", "--budget", "6GB", "--precision", "nf4"]) == 0
     assert capsys.readouterr().out.startswith("budget 6 GB (5.59 GiB), CUDA context 400 MiB,")
+
+
+def test_a_context_past_the_models_limit_is_estimated_and_said():
+    # tinyllama: max_position_embeddings 2048; generate counts the new tokens in the context
+    r = cli("estimate", "--config", "tinyllama-1.1b", "--mode", "generate", "--seq-len", "2000", "--new-tokens", "64")
+    assert r.returncode == 0 and "2064 tokens is past the model's own limit (2048, max_position_embeddings)" in r.stderr
+    r = cli("estimate", "--config", "tinyllama-1.1b", "--mode", "prefill,generate", "--seq-len", "1900", "--json")
+    assert r.returncode == 0 and "past the model's own limit" not in r.stderr, r.stderr

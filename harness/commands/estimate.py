@@ -64,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
                         obj["picture"] = [part.as_dict() for part in P.parts(est, shape, context)]
                         obj["picture_text"] = P.describe(est, shape, context, _config_name(args.config))
                     results.append(obj)
-    if note:
-        print(f"note: {note}", file=sys.stderr)
+    for line in (note, _limit_note(args.config, seqs, modes, opts.new_tokens)):
+        if line:
+            print(f"note: {line}", file=sys.stderr)
     if args.json:
         for r in results:
             r.pop("picture_text", None)
@@ -97,6 +98,20 @@ def run(args: argparse.Namespace) -> int:
             print()
             print("\n".join(r["picture_text"]))
     return 0
+
+
+def _limit_note(config, seqs: list[int], modes: list[str], new_tokens: int) -> str | None:
+    """A --seq-len past the model's own context limit is estimated (arithmetic), but said."""
+    from ..memory.budget import context_limit
+    from ..memory.shape import load_config
+
+    limit = context_limit(load_config(config)[0])
+    longest = max(s + (new_tokens if m == "generate" else 0) for s in seqs for m in modes if m != "weights") \
+        if set(modes) - {"weights"} else 0
+    if limit.tokens is None or longest <= limit.tokens:
+        return None
+    return (f"{longest} tokens is past the model's own limit ({limit.tokens}, {limit.source}): estimated "
+            "anyway, but the model was not trained that long (vLLM refuses it as a max-model-len)")
 
 
 def _verification_line(result: dict) -> str:

@@ -71,20 +71,24 @@ def one_int(text: str, flag: str, minimum: int) -> int:
 def read_shared_options(args: argparse.Namespace) -> SharedOptions:
     from ..memory.lora import DEFAULT_LORA_TARGETS, optimizer_name
 
-    targets = comma_list(args.lora_targets, "--lora-targets") if args.lora_targets else DEFAULT_LORA_TARGETS
+    targets = comma_list(args.lora_targets, "--lora-targets") if args.lora_targets is not None else DEFAULT_LORA_TARGETS
     try:
         optimizer = optimizer_name(args.optimizer)
     except UsageError as exc:
         raise UsageError(f"--optimizer: {exc}") from None
+    budget = parse_bytes(args.budget, "--budget") if args.budget else None
+    context = parse_bytes(args.context_bytes, "--context-bytes") if args.context_bytes else DEFAULT_CONTEXT_BYTES
+    if budget is not None and budget <= context:  # e.g. 6MB for 6GB: the same words in estimate and plan
+        raise UsageError(f"--budget: {args.budget} leaves nothing after the {format_size(context)} CUDA context "
+                         "(--context-bytes); a card's VRAM is GiB (6GiB)")
     return SharedOptions(
         new_tokens=one_int(args.new_tokens, "--new-tokens", 0),
         lora_r=one_int(args.lora_r, "--lora-r", 1),
         lora_targets=targets,
         optimizer=optimizer,
         grad_checkpointing=args.grad_checkpointing,
-        budget_bytes=parse_bytes(args.budget, "--budget") if args.budget else None,
-        context_bytes=(parse_bytes(args.context_bytes, "--context-bytes") if args.context_bytes
-                       else DEFAULT_CONTEXT_BYTES),
+        budget_bytes=budget,
+        context_bytes=context,
     )
 
 
