@@ -157,3 +157,15 @@ def test_a_model_directory_switch_reads_its_safetensors(tiny_model_dir, capsys):
     files = sum(p.stat().st_size for p in Path(tiny_model_dir).glob("*.safetensors"))
     assert out["switch"]["per_model"][0]["checkpoint_bytes"] == files
     assert out["switch"]["per_model"][1]["checkpoint_bytes"] == model_shape("qwen2.5-0.5b").total_params * 2
+
+
+def test_plan_train_says_why_its_weights_differ_from_the_tables(capsys):
+    """The table's weights are as loaded; what stops a QLoRA run counts them as trained (fp32
+    embeddings, norms and lm_head): the two figures differ, and plan says why (bf16 does not cast)."""
+    assert main(["plan", "--config", "qwen2.5-7b", "--budget", "6GiB", "--train", "--precision", "nf4-dq"]) == 0
+    out = capsys.readouterr().out
+    assert "5.17 GiB as loaded" in out and "prepare_model_for_kbit_training" in out
+    assert main(["plan", "--config", "qwen2.5-0.5b", "--budget", "6GiB", "--train", "--precision", "bf16",
+                 "--batch-seq-len", "32768"]) == 0
+    out = capsys.readouterr().out
+    assert "what stops it" in out and "as loaded" not in out

@@ -189,9 +189,14 @@ def _print_advice(plans, advice: dict) -> None:
     if advice and not stopped:
         a = next(iter(advice.values()))
         print(f"training at {a.seq_len} tokens fits at every precision whose weights fit")
+    loaded = {p.precision: p.weights_bytes for p in plans}
     for precision in stopped:
         print(f"\n{precision}: what stops it and what helps")
         print("\n".join(advice_lines(advice[precision])))
+        trained = next((s["bytes"] for s in advice[precision].stopped_by if s["component"] == "weights"), 0)
+        if trained > 1.01 * loaded[precision]:  # the table's weights are as loaded
+            print(f"    (weights {trained / 2**30:.2f} GiB as trained, {loaded[precision] / 2**30:.2f} GiB as "
+                  "loaded: prepare_model_for_kbit_training casts the embeddings, norms and lm_head to fp32)")
 
 
 def _engine(precision: str) -> dict:
