@@ -91,6 +91,11 @@ def test_bench_unreachable_and_wrong_model_are_one_line_verdicts(standin, tmp_pa
     (["--prefix-len", "9"], "--prefix-len"),
     (["--tokenizer", "/nonexistent"], "--tokenizer"),
     (["--timeout", "0"], "--timeout"),
+    (["--timeout", "nan"], "--timeout: nan"),  # nan <= 0 is false: it used to pass
+    (["--ramp-up", "nan"], "--ramp-up: nan"),
+    (["--slo", "ttft_ms=-5"], "--slo: 'ttft_ms=-5' needs a positive number"),  # was a run nothing could meet
+    (["--warmup", "-1"], "--warmup: -1"),  # was quietly 0
+    (["--prefix-len", "-1"], "--prefix-len -1 must be 0 or more"),
 ])
 def test_bench_bad_usage_is_exit_2_one_line(standin, tmp_path, args, words):
     proc = _cli("bench", "--endpoint", standin.base_url, "--model", "standin", "--num-prompts", "2",

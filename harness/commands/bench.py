@@ -83,6 +83,8 @@ def parse_slo(text: str | None):
             fields[key] = float(value)
         except ValueError:
             raise UsageError(f"--slo: {item!r} needs a number, e.g. ttft_ms=500") from None
+        if not 0 < fields[key] < float("inf"):
+            raise UsageError(f"--slo: {item!r} needs a positive number of milliseconds")
     return SLO(**fields)
 
 
@@ -141,12 +143,14 @@ def run(args) -> int:
     from ..settings import parse_endpoint
 
     endpoint = parse_endpoint(args.endpoint)
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be positive")
-    if args.ramp_up < 0:
-        raise UsageError("--ramp-up must not be negative")
+    if not 0 < args.timeout < float("inf"):
+        raise UsageError(f"--timeout: {args.timeout} must be a positive number of seconds")
+    if not 0 <= args.ramp_up < float("inf"):
+        raise UsageError(f"--ramp-up: {args.ramp_up} must be a number of seconds, 0 or more")
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup: {args.warmup} must be 0 or more requests")
     from ..serving.sweep import parse_rates
 
     rates = parse_rates(args.request_rate, args.sweep_start)
@@ -166,7 +170,7 @@ def run(args) -> int:
         slo_target=slo_target,
         ramp_up_s=args.ramp_up,
         repeats=args.repeats,
-        warmup=max(0, args.warmup),
+        warmup=args.warmup,
         slo=parse_slo(args.slo),
         tokenizer_dir=tokenizer_dir_for(args.model, args.tokenizer),
         out=out,

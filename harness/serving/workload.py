@@ -33,7 +33,9 @@ class Workload:
     def __post_init__(self):
         if self.input_len < 1 or self.output_len < 1 or self.num_prompts < 1:
             raise UsageError("--input-len, --output-len and --num-prompts must be at least 1")
-        if not 0 <= self.prefix_len < self.input_len:
+        if self.prefix_len < 0:
+            raise UsageError(f"--prefix-len {self.prefix_len} must be 0 or more")
+        if not self.prefix_len < self.input_len:
             raise UsageError(f"--prefix-len {self.prefix_len} must be below --input-len {self.input_len}")
         if self.api not in ("completions", "chat"):
             raise UsageError(f"--api: {self.api!r} is not completions or chat")
