@@ -196,6 +196,9 @@ def test_cpu_log_excerpt_is_predicted_exactly():
 def test_gpu_table_names_and_sizes():
     assert gpu_by_name("NVIDIA GeForce RTX 3060 6GB") is GPUS["rtx-3060-6gb"]
     assert gpu_by_name("Tesla T4") is GPUS["t4"] and gpu_by_name("4060") is GPUS["rtx-4060-8gb"]
+    # written without the dashes, as people type them
+    assert gpu_by_name("rtx3060-6gb") is GPUS["rtx-3060-6gb"] and gpu_by_name("gtx1080") is GPUS["gtx-1080"]
+    assert gpu_by_name("rtx4060ti-16gb") is GPUS["rtx-4060-ti-16gb"]
     nominal = {"rtx-3060-6gb": 6, "rtx-3060-12gb": 12, "rtx-4060-8gb": 8, "t4": 16, "a10": 24, "l4": 24,
                "a100-40gb": 40, "a100-80gb": 80, "h100": 80, "h200": 141}
     for key, size in nominal.items():

@@ -92,6 +92,8 @@ def _fold(text: str) -> str:
     key = re.sub(r"[\s_]+", "-", text.strip().lower())
     key = re.sub(r"^(nvidia|geforce)-", "", key)
     key = re.sub(r"^(geforce)-", "", key)
+    key = re.sub(r"^(rtx|gtx)(\d)", r"\1-\2", key)  # rtx3060-6gb as rtx-3060-6gb
+    key = re.sub(r"(\d)(ti)\b", r"\1-\2", key)  # 4060ti as 4060-ti
     return key
 
 
