@@ -56,9 +56,10 @@ def run(args: argparse.Namespace, configs: list[str]) -> int:
     plan = C.plan_two(configs, shapes, [_name(c) for c in configs], _precisions(args.precision), opts.budget_bytes,
                       opts.context_bytes, headroom, seq, new_tokens=opts.new_tokens, turn_tokens=args.turn_tokens,
                       train=args.train, train_kw=train_kw, limit=limit, disk_gbps=args.disk_gbps)
-    from .plan import verification_of
+    from ..memory.families import verification
 
-    checks = [verification_of(s, "train" if m.role == "train" else "generate") for s, m in zip(shapes, plan.models)]
+    checks = [verification(s.family, "train" if m.role == "train" else "generate", s.source, s.traits)
+              for s, m in zip(shapes, plan.models)]
     if args.json:
         print(json.dumps({"mode": "two-models", **plan.as_dict(), "verification": checks}, indent=1))
         return 0
