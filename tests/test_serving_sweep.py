@@ -76,6 +76,8 @@ def test_bench_sweep_finds_the_capped_plateau_and_the_page_draws_it(tmp_path):
     assert _cli("report", str(out), "--out", str(page)).returncode == 0
     text = page.read_text()
     assert "Open-loop rate sweep" in text and "goodput" in text and text.count("<svg") >= 2
+    # "largest level": the highest offered rate, not the first run (open-loop runs tie on concurrency)
+    assert f"Per-request timeline, rate {rates[-1]:g}/s, repeat 1" in text
 
 
 @pytest.mark.parametrize("dist", ["uniform", "normal"])

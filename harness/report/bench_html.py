@@ -251,7 +251,9 @@ def _configuration(label: str, data: dict) -> str:
 
 def _largest_run(data: dict) -> dict | None:
     runs = data.get("runs", [])
-    return max(runs, key=lambda r: (r.get("concurrency") or 0, r.get("repeat", 0))) if runs else None
+    # closed loop: the highest concurrency; open loop (concurrency None, or a cap): the highest rate
+    return max(runs, key=lambda r: (r.get("concurrency") or 0, r.get("request_rate") or 0,
+                                    r.get("repeat", 0))) if runs else None
 
 
 def render(paths: list[str], datas: list[dict], comparison: Any = None, *, compare: bool | None = None,
