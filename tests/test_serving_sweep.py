@@ -13,7 +13,7 @@ import pytest
 
 from harness.errors import UsageError
 from harness.serving.standin import run_standin
-from harness.serving.sweep import SweepPlan, next_rate, parse_rates, summarize
+from harness.serving.sweep import SweepPlan, line, next_rate, parse_rates, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +52,12 @@ def test_goodput_counts_failures_and_takes_the_highest_rate_meeting_the_target()
     assert [p["good_fraction"] for p in s["points"]] == [1.0, 0.95, 0.75]  # 30 of 40: failures count
     assert s["max_rate_meeting_slo"] == 2 and s["goodput_at_that_rate"] == pytest.approx(1.9)
     assert s["saturation"]["at_offered_rate"] == 4
+    assert s["missed_below"] == [] and "missed it" not in line(s)
+    # a curve that is not monotone (seen on a busy box: 4/s 88%, 16/s 17%, 32/s 100%): the highest
+    # rate meeting the target stands, and the line names the lower rates that missed it
+    bumpy = summarize([run(4, 40, 35), run(8, 40, 39), run(16, 40, 7), run(32, 40, 40)], {"ttft_ms": 500}, 0.9)
+    assert bumpy["max_rate_meeting_slo"] == 32 and bumpy["missed_below"] == [4, 16]
+    assert "32/s (goodput" in line(bumpy) and "but the lower 4/s, 16/s missed it" in line(bumpy)
 
 
 def test_bench_sweep_finds_the_capped_plateau_and_the_page_draws_it(tmp_path):

@@ -111,6 +111,10 @@ def summarize(runs: list[dict], slo: dict, target: float) -> dict | None:
         "slo": slo, "slo_target": target,
         "max_rate_meeting_slo": max(p["offered_rate"] for p in meeting) if meeting else None,
         "goodput_at_that_rate": max(meeting, key=lambda p: p["offered_rate"])["request_goodput"] if meeting else None,
+        # lower rates that missed the target: the curve is not monotone (noise, a stall), so the
+        # highest rate meeting it is no promise that every lower load does
+        "missed_below": [p["offered_rate"] for p in points if meeting and p["good_fraction"] < target
+                         and p["offered_rate"] < max(m["offered_rate"] for m in meeting)],
     }
 
 
@@ -130,4 +134,7 @@ def line(summary: dict) -> str:
         limits = ", ".join(f"{k} {v:g}" for k, v in summary["slo"].items())
         text += (f"; highest rate with >= {100 * summary['slo_target']:.0f}% of requests within {limits}: "
                  + (f"{best:g}/s (goodput {summary['goodput_at_that_rate']:.2f} req/s)" if best else "none"))
+        if summary.get("missed_below"):
+            text += (f", but the lower {', '.join(f'{r:g}/s' for r in summary['missed_below'])} missed it "
+                     "(not monotone: noise or a stall; repeat the sweep or add --repeats)")
     return text
