@@ -13,6 +13,7 @@ torch and transformers are imported inside functions so that listing references 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -23,7 +24,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import UnsupportedError, UsageError
 
@@ -339,18 +340,35 @@ def smollm2_dir(cache_dir: str | Path | None = None) -> Path:
     if (target / "config.json").is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
-    print(f"[harness] converting {gguf.name} to bf16 safetensors in {target} (~1 min, once) ...", file=sys.stderr, flush=True)
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-    try:
-        _build_smollm2(gguf, staging)
+    with _exclusive(root / f".{target.name}.lock"):  # two test workers asking at once: one converts, one waits
+        if (target / "config.json").is_file():
+            return target
+        print(f"[harness] converting {gguf.name} to bf16 safetensors in {target} (~1 min, once) ...", file=sys.stderr,
+              flush=True)
+        staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
         try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            _build_smollm2(gguf, staging)
+            try:
+                os.rename(staging, target)
+            except OSError:
+                if not (target / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An flock held for the block: processes that build the same cached model take turns."""
+    import fcntl
+
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def resolve_model(spec: str | None, cache_dir: str | Path | None = None) -> Path | str:
