@@ -23,31 +23,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import openai  # noqa: E402
-
 from harness import atomic  # noqa: E402
 from harness.models import load_tokenizer, smollm2_dir  # noqa: E402
 from harness.quant.tokens import HELDOUT_TEXT  # noqa: E402
 from harness.serving.client import RequestSpec, Target, run_load  # noqa: E402
 from harness.serving.launcher import launch_vllm  # noqa: E402
+from harness.serving.sdk import sdk_text  # noqa: E402
 
 NAME = "smollm2-135m"
 FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "16", "--dtype", "bfloat16"]
 OUT = ROOT / "benchmarks" / "serving" / "measured" / "smollm2-vllm-cpu.json"
 FIXED = [("completions", "The capital of France is", 8), ("chat", "What is the capital of France?", 16),
          ("chat", "Name the three primary colors.", 16)]
-
-
-def _sdk(base_url: str, api: str, prompt: str, n_out: int) -> str:
-    client = openai.OpenAI(base_url=base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
-    extra = {"ignore_eos": True, "min_tokens": n_out}
-    with client:
-        if api == "chat":
-            r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}],
-                                               max_tokens=n_out, temperature=0.0, extra_body=extra)
-            return r.choices[0].message.content or ""
-        r = client.completions.create(model=NAME, prompt=prompt, max_tokens=n_out, temperature=0.0, extra_body=extra)
-        return r.choices[0].text or ""
 
 
 def _spec(tokenizer, prompt: str, n_out: int) -> RequestSpec:
@@ -79,7 +66,7 @@ def main(argv=None) -> int:
         for api, prompt, n_out in FIXED:
             (rec,) = asyncio.run(run_load(Target(server.base_url, NAME, api=api, timeout_s=120),
                                           [_spec(tokenizer, prompt, n_out)], concurrency=1)).records
-            sdk = _sdk(server.base_url, api, prompt, n_out)
+            sdk = sdk_text(server.base_url, NAME, api, prompt, n_out)
             out["answers"].append({"api": api, "prompt": prompt, "max_tokens": n_out, "harness_client": rec.output_text,
                                    "openai_sdk": sdk, "same": rec.output_text == sdk,
                                    "completion_tokens": rec.completion_tokens})

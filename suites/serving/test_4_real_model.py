@@ -11,11 +11,12 @@ import time
 
 import pytest
 
+from harness.serving import sdk
 from harness.serving.client import RequestSpec, run_load
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-openai = pytest.importorskip("openai")
+pytest.importorskip("openai")  # the official SDK that harness.serving.sdk drives
 
 NAME = "smollm2-135m"
 FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "16", "--dtype", "bfloat16"]
@@ -53,18 +54,6 @@ def _spec(tokenizer, prompt: str, n_out: int) -> RequestSpec:
                        temperature=0.0)
 
 
-def _sdk(base_url: str, api: str, prompt: str, n_out: int) -> str:
-    client = openai.OpenAI(base_url=base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
-    extra = {"ignore_eos": True, "min_tokens": n_out, "skip_special_tokens": False}
-    with client:
-        if api == "chat":
-            r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}],
-                                               max_tokens=n_out, temperature=0.0, extra_body=extra)
-            return r.choices[0].message.content or ""
-        r = client.completions.create(model=NAME, prompt=prompt, max_tokens=n_out, temperature=0.0, extra_body=extra)
-        return r.choices[0].text or ""
-
-
 @pytest.mark.parametrize("prompt", list(KNOWN))
 def test_known_answers_through_the_harness_client_and_the_openai_sdk(real_server, prompt, record):
     from harness.serving.client import Target
@@ -75,7 +64,7 @@ def test_known_answers_through_the_harness_client_and_the_openai_sdk(real_server
     spec = _spec(load_tokenizer(model), prompt, n_out)
     (rec,) = asyncio.run(run_load(Target(process.base_url, NAME, api=api, timeout_s=120), [spec], concurrency=1)).records
     assert rec.answered, (rec.error, rec.error_detail)
-    sdk_text = _sdk(process.base_url, api, prompt, n_out)
+    sdk_text = sdk.sdk_text(process.base_url, NAME, api, prompt, n_out)
     record(api=api, harness_text=rec.output_text, sdk_text=sdk_text, completion_tokens=rec.completion_tokens)
     assert must in rec.output_text.lower(), rec.output_text
     assert rec.output_text == sdk_text  # greedy: the same tokens, whoever asks
