@@ -71,7 +71,7 @@ def pytest_sessionstart(session):
     runs them measures as a serial run does (--benchmark-disable still turns it off)."""
     config = session.config
     bench = getattr(config, "_benchmarksession", None)
-    if bench is not None and bench.xdist_warning and getattr(config, "workerinput", {}).get(ALONE_KEY):
+    if bench is not None and getattr(bench, "xdist_warning", False) and getattr(config, "workerinput", {}).get(ALONE_KEY):
         bench.disabled = bench.xdist_warning = False
 
 

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
 import sys
 
 
 def main() -> int:
+    # vLLM logs to stdout from its import on: the answers get a descriptor of their own
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    answer = sys.stdout
     for line in sys.stdin:
         if not line.strip():
             continue
