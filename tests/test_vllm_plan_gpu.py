@@ -1,36 +1,43 @@
-"""`plan --engine vllm` against real start-ups of the CUDA vLLM 0.26.0 on the lent H200
-(benchmarks/vllm_plan/measured/h200-vllm-0.26.0.json, written by gpu_startups.py / gpu_serving.py
-there and gathered by gpu_collect.py): the plan is recomputed here from each start's flags, the
-card's total memory as CUDA reported it and the model's config.json, and compared with the KV
-cache tokens vLLM logged; the bench and gate figures are recomputed from their raw rows."""
+"""`plan --engine vllm` against real start-ups of the CUDA vLLM 0.26.0 on the lent H200, two holds
+(benchmarks/vllm_plan/measured/h200-vllm-0.26.0.json and -hold2.json, written by gpu_startups.py /
+gpu_serving.py there and gathered by gpu_collect.py): the plan is recomputed here from each
+start's flags, the card's total memory as CUDA reported it and the model's config.json, and
+compared with the KV cache tokens vLLM logged; the bench, gate and upgrade figures are recomputed
+from their raw rows (the second hold's raw results files: -hold2-raw.tgz)."""
 
 from __future__ import annotations
 
 import json
 import re
 import statistics
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from harness.memory.vllm_logcheck import check_gpu_startup
 
-MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_plan" / "measured" / "h200-vllm-0.26.0.json"
+MEASURED_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_plan" / "measured"
+MEASURED = MEASURED_DIR / "h200-vllm-0.26.0.json"
 DATA = json.loads(MEASURED.read_text())
-STARTUPS = DATA["startups"]
+HOLD2 = json.loads((MEASURED_DIR / "h200-vllm-0.26.0-hold2.json").read_text())
+RAW2 = MEASURED_DIR / "h200-vllm-0.26.0-hold2-raw.tgz"
+# A start cut by the hold's time limit before vLLM decided (outcome "timeout") has no truth to check.
+STARTUPS = [r for r in DATA["startups"] + [{**r, "id": f"{r['id']}-hold2"} for r in HOLD2["startups"]]
+            if r["outcome"] != "timeout"]
 CHECKS = {rec["id"]: check_gpu_startup(rec) for rec in STARTUPS}
 _LOGGED = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
 
 
 def test_the_settings_span_what_the_issue_asks():
-    """6 GiB card's share to 0.9, 2k to 16k tokens (the 32k settings did not fit the hold's time),
-    eager and CUDA graphs, max-num-seqs, LoRA, bf16 and the quantize chain's W4A16 (GPTQ)."""
+    """6 GiB card's share to 0.9, 2k to 32k tokens, eager and CUDA graphs, max-num-seqs, LoRA, bf16
+    and the quantize chain's W4A16 (GPTQ)."""
     flags = [r["flags"] for r in STARTUPS]
     utils = [f.get("gpu_memory_utilization", 0.9) for f in flags]
     lens = [f["max_model_len"] for f in flags]
     assert len(STARTUPS) >= 6
     assert min(utils) <= 6.1 * 2**30 / STARTUPS[0]["cuda_total_bytes"] and max(utils) >= 0.9
-    assert min(lens) <= 2048 and max(lens) >= 16384
+    assert min(lens) <= 2048 and max(lens) >= 32768
     assert {bool(f.get("enforce_eager")) for f in flags} == {True, False}
     assert any("max_num_seqs" in f for f in flags) and any(f.get("enable_lora") for f in flags)
     quants = {(r["model_config"].get("quantization_config") or {}).get("quant_method", "none") for r in STARTUPS}
@@ -57,8 +64,10 @@ def test_kv_cache_tokens_within_the_goal():
     assert len(errors) >= 6
     assert statistics.median(errors.values()) <= 1.0, errors
     # The issue's goal is <= 3% worst; at a 6 GiB card's share the plan is 7.6% over (0.17 GiB of
-    # 2.23): V2's "Model loading" is 0.11 GiB above the parameters and its profile peak 0.06 GiB
-    # above the MLP term, neither found in vLLM's source yet (docs/gpu.md). Guarded, not hidden.
+    # 2.23, in both holds and at 4k and 32k): V2's "Model loading" is 0.11 GiB above the parameters
+    # (already at its peak right after loading the weights, by the debug log of hold 2's s02) and
+    # its profile peak 0.06 GiB above the MLP term, neither found in vLLM's source yet
+    # (docs/gpu.md). Guarded, not hidden.
     assert max(errors.values()) <= 8.0, errors
 
 
@@ -97,3 +106,60 @@ def test_the_model_runner_is_the_one_vllm_picks(version, arch, config_extra, v2)
 
     config = {**STARTUPS[0]["model_config"], "architectures": [arch], **config_extra}
     assert uses_v2_runner(model_facts(config), parse_version(version)) is v2
+
+
+def test_served_quantized_checkpoints_answer_with_exact_tokens():
+    """The quantize chain's GPTQ W4A16, served by the GPU vLLM (Marlin), answered every probe request
+    with exactly its prompt and output tokens (usage, the server's counters and the tokenizer agree)."""
+    probes = {r["id"]: r["token_probe"] for r in HOLD2["startups"] if r.get("token_probe")}
+    assert probes, "no served start-up was probed"
+    for sid, probe in probes.items():
+        assert probe["exact"] and probe["requests_ok"] == probe["num_prompts"], (sid, probe)
+        assert probe["token_accounting"]["agree"], (sid, probe["token_accounting"])
+
+
+def _raw2(tmp_path: Path) -> Path:
+    with tarfile.open(RAW2) as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path / "vres"
+
+
+def test_hold2_gate_table_is_what_compare_says_of_its_files(tmp_path):
+    """The gate's verdicts recomputed from the committed results files with today's compare: the
+    same table the hold wrote, A/A clean under the harness's policy, every A/B pair caught."""
+    import sys
+
+    sys.path.insert(0, str(MEASURED_DIR.parent))
+    from gpu_serving import gate_table
+
+    gate = _raw2(tmp_path) / "gate"
+    a, b = sorted(gate.glob("A-*.json")), sorted(gate.glob("B-*.json"))
+    table = gate_table(a, b, pairs=len(a) // 2)["table"]
+    assert table == HOLD2["gate"]["table"]
+    counts = {(r["comparison"], r["policy"]): (r["regressed"], r["pairs"]) for r in table}
+    assert counts[("A/A", "harness")][0] == 0 and counts[("A/A", "harness")][1] >= 4
+    assert counts[("A/B", "harness")][0] == counts[("A/B", "harness")][1] >= 4
+    assert counts[("A/B", "vllm-ci")][0] == counts[("A/B", "vllm-ci")][1]
+
+
+def test_hold2_bench_rows_beside_vllm_bench_and_the_server():
+    """Both clients at 1-256; the harness's mean TTFT is never below what the server itself logged
+    for the same requests (its run's server_metrics), nor client-bound before c=256."""
+    rows = HOLD2["bench"]["rows"]
+    assert [r["concurrency"] for r in rows] == [1, 16, 64, 128, 256]
+    for r in rows:
+        h, v = r["harness"], r["vllm"]
+        assert h["exit_code"] == 0 and v.get("median_ttft_ms"), r
+        assert h["ttft_ms"]["mean"] >= h["server_metrics"]["ttft_mean_ms"], r
+        assert h["client_bound"] is (r["concurrency"] >= 256), (r["concurrency"], h["client_bound_reasons"])
+
+
+def test_hold2_upgrade_rehearsal_verdict():
+    """0.25.1 -> 0.26.0 on the GPU: the comparison was allowed only the version to differ and found
+    no regression and no behaviour change but the start-up time."""
+    up = HOLD2["upgrade"]
+    assert (up["old"], up["new"]) == ("0.25.1", "0.26.0")
+    assert up["allowed_differences"] == {"server_version": ["0.25.1", "0.26.0"]}
+    assert up["regressed"] is False
+    assert {c["metric"] for c in up["changes"]} >= {"ttft_p50", "output_throughput", "server_ttft_mean"}
+    assert all(b.startswith("startup") for b in up["behaviours"]), up["behaviours"]
