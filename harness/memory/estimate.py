@@ -276,10 +276,27 @@ def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None
 
 
 def family_train_terms(shape: ModelShape, q: Query) -> dict[str, int]:
-    """The family's exact extra terms (families.train_terms) for a training query."""
+    """The family's exact extra terms (families.train_terms) for a training query, plus the
+    dequantized weight of a 4-bit layer's backward with checkpointing (dequant_backward_bytes)."""
     act = train_act_bytes(q.precision)
     covered = act == 4 and shape.kv_heads < shape.heads  # fp32 GQA: the fit counts math-kernel scores
-    return train_terms(shape, shape.traits, q, act, act, covered)
+    out = train_terms(shape, shape.traits, q, act, act, covered)
+    if q.grad_checkpointing:
+        out["layer_transient"] += dequant_backward_bytes(shape, q.precision)
+    return out
+
+
+def dequant_backward_bytes(shape: ModelShape, precision: str) -> int:
+    """bitsandbytes' MatMul4Bit.backward computes the input gradient as grad_output @
+    dequantize_4bit(W): the whole weight, dequantized to the compute dtype (bf16), is alive beside
+    the recomputed layer's tensors - the largest linear's (MLP gate/up/down) at the recomputed
+    layer's peak. The fitted 4-bit checkpointing terms cannot hold it: in the fit's families the
+    loss phase outweighs the recomputed layer (vocabularies of 32k-152k with linears of 4-17M
+    parameters, <= 34 MB dequantized); Mistral-7B (a 32k vocabulary, 58.7M-parameter MLP
+    linears: 117 MB) peaks in the recomputed layer, where it shows (issue 27, second run)."""
+    if precision_group(precision) != "4bit":
+        return 0
+    return shape.largest_linear * 2
 
 
 def _fitted_with_family(coeffs: dict, feats: dict, fam: dict[str, int], checkpointing: bool) -> int:

@@ -49,12 +49,17 @@ VERIFIED: dict[str, tuple[bool, bool]] = {
     "gemma2": (True, True),  # gemma-2-2b
     "gemma3_text": (True, True),  # gemma-3-1b
     "qwen3": (True, True),  # qwen3-1.7b (held out)
+    # the second run (benchmarks/vram/measured-families-2/, held out): inference within the goals;
+    # Mistral's QLoRA training with checkpointing is still under-predicted by up to 3.1% at batch 2.
+    # qwen3_moe stays unverified: only its bf16 inference was measured (within 1.2%), not the
+    # bitsandbytes path whose 3-D experts stay unquantized, nor training
+    "mistral": (True, False),  # mistral-7b-v0.3
 }
 # the architectures whose rows back VERIFIED (suites/vram/measured/, benchmarks/vram/measured-families/)
 VERIFIED_BY = {"llama": ("llama-3.2-1b", "llama-3.2-3b", "tinyllama-1.1b", "smollm2-1.7b"),
                "qwen2": ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"),
                "phi3": ("phi-3-mini-4k", "phi-4-mini"), "gemma2": ("gemma-2-2b",),
-               "gemma3_text": ("gemma-3-1b",), "qwen3": ("qwen3-1.7b",)}
+               "gemma3_text": ("gemma-3-1b",), "qwen3": ("qwen3-1.7b",), "mistral": ("mistral-7b-v0.3",)}
 # the attention the measured runs used, where transformers' choice depends on its version: Gemma-2
 # was measured under 5.17 (SDPA); its eager path (transformers >= 5.21) has no GPU rows yet
 VERIFIED_ATTENTION = {"gemma2": "sdpa"}
