@@ -209,3 +209,43 @@ def test_the_client_measures_its_own_cpu_starvation_and_the_machines_contention(
     # Measured with the server idle: others' busy loops raise it, by about one per core each.
     quiet, hogged = contention(0), contention(3)
     assert quiet >= 1.0 and hogged > quiet + 0.5, (quiet, hogged)
+
+
+def test_preconnect_opens_every_slots_connection_before_the_clock():
+    """A closed loop's first burst must not pay a TCP connect per slot inside the measured schedule:
+    after preconnect(n) the server has accepted n connections, and n concurrent requests on the
+    same session accept no more (a real keep-alive HTTP/1.1 server counting its accepts)."""
+    from harness.serving.client import preconnect
+
+    accepted = []
+
+    async def handle(reader, writer):
+        accepted.append(writer.get_extra_info("peername"))
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head:
+                break
+            await asyncio.sleep(0.05)  # held open long enough that concurrent requests need their own
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n"
+                         b"Connection: keep-alive\r\n\r\n{\"data\":[]}")
+            await writer.drain()
+
+    async def scenario():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        target = Target(f"http://127.0.0.1:{port}", "m")
+        async with make_session() as session:
+            answered = await preconnect(session, target, 8)
+            after_preconnect = len(accepted)
+            async def get():
+                async with session.get(target.base_url + "/v1/models") as resp:
+                    return await resp.read()
+
+            for _ in range(2):  # the pool serves a burst as wide as itself, again and again
+                await asyncio.gather(*(get() for _ in range(8)))
+        server.close()
+        return answered, after_preconnect, len(accepted)
+
+    answered, after_preconnect, total = asyncio.run(scenario())
+    assert (answered, after_preconnect) == (8, 8)
+    assert total == 8, f"the burst opened {total - 8} connection(s) of its own"

@@ -279,6 +279,29 @@ def make_session(limit: int = 0) -> aiohttp.ClientSession:
     )
 
 
+async def preconnect(session: aiohttp.ClientSession, target: Target, connections: int,
+                     timeout_s: float = 5.0) -> int:
+    """Open `connections` keep-alive connections before the clock starts: `connections` GET
+    /v1/models at once, each leaves its connection in the session's pool. Without it a closed
+    loop's first burst pays a TCP connect (and the server's accept) per slot inside the measured
+    schedule: at 256 slots over 4 workers that was the whole of an H200 run's 13 ms lag p99
+    (docs/gpu.md). Best effort: a server without /v1/models, or one that closes idle
+    connections, only leaves the burst as it was. Returns how many answered."""
+    if connections <= 1:
+        return 0
+    url = target.base_url.rstrip("/") + "/v1/models"
+
+    async def one() -> bool:
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                await resp.read()
+                return resp.status < 500
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    return sum(await asyncio.gather(*(one() for _ in range(connections))))
+
+
 def _wake_at(loop: asyncio.AbstractEventLoop, when: float, fut: asyncio.Future) -> None:
     """Resolve `fut` with the wake-up time at monotonic time `when` (timers relative to _now, so
     the schedule is kept on the one clock whatever the loop's own time base)."""
@@ -455,6 +478,8 @@ async def run_load(
             arrivals = poisson_arrivals(len(specs), request_rate, seed)
         tasks = _open_loop_tasks(run, arrivals, concurrency)
     else:
+        if own_session:  # a caller's session was warmed by the caller (workers.py, before "ready")
+            await preconnect(run.session, target, min(concurrency, len(specs)))
         tasks = _closed_loop_tasks(run, concurrency, ramp_up_s, ramp_slots)
     lag_samples: list[float] = []
     try:

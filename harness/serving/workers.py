@@ -38,7 +38,8 @@ from typing import Callable, Sequence
 
 from ..errors import CheckFailed
 from . import hostload
-from .client import LoadResult, RequestRecord, RequestSpec, Target, poisson_arrivals, run_load, span_s
+from .client import (LoadResult, RequestRecord, RequestSpec, Target, make_session, poisson_arrivals, preconnect,
+                     run_load, span_s)
 
 START_AHEAD_S = 0.25  # the common start lies this far after the last worker said ready
 FLUSH_S = 0.05  # how often a worker sends its finished records
@@ -105,10 +106,21 @@ def child_main(read_fd: int, write_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     _, target, specs, share, ramp_up_s = inbox.recv()
-    outbox.send(("ready", os.getpid()))
-    message = inbox.recv()
-    if message[0] == "go":
-        asyncio.run(_worker_run(outbox, target, specs, share, ramp_up_s, message[1]))
+    asyncio.run(_worker_main(inbox, outbox, target, specs, share, ramp_up_s))
+
+
+async def _worker_main(inbox, outbox, target, specs, share: WorkerShare, ramp_up_s: float) -> None:
+    """Open the share's connections, say ready, wait for the start instant, run."""
+    session = make_session()
+    try:
+        if share.slots:  # closed loop: one connection per slot, open before the clock (client.preconnect)
+            await preconnect(session, target, min(share.slots, len(specs)))
+        outbox.send(("ready", os.getpid()))
+        message = await asyncio.get_running_loop().run_in_executor(None, inbox.recv)
+        if message[0] == "go":
+            await _worker_run(outbox, target, specs, share, ramp_up_s, message[1], session)
+    finally:
+        await session.close()
 
 
 _CHILD = "import sys; from harness.serving.workers import child_main; child_main(int(sys.argv[1]), int(sys.argv[2]))"
@@ -146,7 +158,8 @@ class _Worker:
             self.recv.close()
 
 
-async def _worker_run(conn, target, specs, share: WorkerShare, ramp_up_s: float, start_at: float) -> None:
+async def _worker_run(conn, target, specs, share: WorkerShare, ramp_up_s: float, start_at: float,
+                      session=None) -> None:
     pending: list[RequestRecord] = []
     done = asyncio.Event()
 
@@ -160,7 +173,8 @@ async def _worker_run(conn, target, specs, share: WorkerShare, ramp_up_s: float,
     flush = asyncio.create_task(flusher())
     load = await run_load(target, specs, concurrency=share.slots or None, indices=share.indices,
                           arrivals=share.arrivals, ramp_up_s=ramp_up_s, start_at=start_at,
-                          ramp_slots=(share.first_slot, share.all_slots), on_record=pending.append)
+                          ramp_slots=(share.first_slot, share.all_slots), on_record=pending.append,
+                          session=session)
     done.set()
     await flush
     if pending:
