@@ -338,7 +338,10 @@ def screenshots() -> str:
              f"{' and '.join(f'{w} x {h_} px' for w, h_ in scaled)}: taken at the browser tests' "
              f"{viewport['width']} x {viewport['height']} viewport and scaled by `scripts/report_screenshots.py`."]
     sources = {"vram-picture": "the memory picture section of `tests/data/reports/vram-picture.json.gz`, a CPU run of "
-                               "`suites/vram/test_memory_picture.py` on the committed H200 snapshots"}
+                               "`suites/vram/test_memory_picture.py` on the committed H200 snapshots",
+               "upgrade-rehearsal-h200": "the upgrade rehearsal's report from the second H200 hold, 0.25.1 -> 0.26.0, "
+                                         "`upgrade.html` in `benchmarks/vllm_plan/measured/h200-vllm-0.26.0-hold2-raw.tgz`, "
+                                         "shot with chromium at 1280 x 900"}
     lines += [f"`{k}.png` is {w} x {h_} px ({sources.get(k, '`benchmarks/fleet/three_nodes.py`')})."
               for k, (w, h_) in others.items()]
     lines.append(f"The vram screenshot renders `tests/data/reports/vram.json.gz`, a CPU run of {day} with the "
