@@ -269,6 +269,22 @@ def gpu_env(python: str | Path) -> dict:
     return {"VLLM_USE_FLASHINFER_SAMPLER": "0"} if out == "0" else {}
 
 
+AMX_SITE = Path(__file__).resolve().parent / "amx_site"
+
+
+def amx_env(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
+    """On a host whose CPU has AMX tiles, amx_site/ first on the server's PYTHONPATH: vLLM's CPU
+    attention runs AMX instructions in bf16 without asking Linux for the tile state, and dies with
+    SIGILL (amx_site/sitecustomize.py asks in every process of the server). Elsewhere nothing."""
+    try:
+        flags = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return {}
+    if "amx_tile" not in flags.split():
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(AMX_SITE), os.environ.get("PYTHONPATH")) if p)}
+
+
 @contextlib.contextmanager
 def launch_vllm(
     python: str | Path,
@@ -290,7 +306,7 @@ def launch_vllm(
     if served_model_name:
         command += ["--served-model-name", served_model_name]
     full_env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **gpu_env(python), **(env or {})}
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **gpu_env(python), **amx_env(), **(env or {})}
     log_path = None
     if log_dir is not None:
         log_path = Path(log_dir) / f"vllm-{port}.log"
