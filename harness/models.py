@@ -250,13 +250,19 @@ def tiny_model_dir(family: str = "qwen2", cache_dir: str | Path | None = None,
         return target
     root.mkdir(parents=True, exist_ok=True)
     print(f"[harness] building tiny {recipe.family} model into {target} ...", file=sys.stderr, flush=True)
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    return build_into(target, lambda staging: _build_tiny(recipe, staging))
+
+
+def build_into(target: Path, build) -> Path:
+    """build(staging) in a temp dir beside `target`, then renamed into place: atomic, so a
+    half-built model directory is never visible, and a lost race to a complete build is fine."""
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        _build_tiny(recipe, staging)
+        build(staging)
         try:
-            os.rename(staging, target)  # atomic: a half-built model is never visible
+            os.rename(staging, target)
         except OSError:
-            if not (target / "config.json").is_file():  # lost a race to a complete build: fine
+            if not (target / "config.json").is_file():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -345,16 +351,7 @@ def smollm2_dir(cache_dir: str | Path | None = None) -> Path:
             return target
         print(f"[harness] converting {gguf.name} to bf16 safetensors in {target} (~1 min, once) ...", file=sys.stderr,
               flush=True)
-        staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-        try:
-            _build_smollm2(gguf, staging)
-            try:
-                os.rename(staging, target)
-            except OSError:
-                if not (target / "config.json").is_file():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        build_into(target, lambda staging: _build_smollm2(gguf, staging))
     return target
 
 

@@ -5,13 +5,10 @@ costs one token per byte. Built locally like harness/models.py's tiny models, ca
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
-from harness.models import CHATML_TEMPLATE, SPECIAL_TOKENS, default_cache_dir
+from harness.models import CHATML_TEMPLATE, SPECIAL_TOKENS, build_into, default_cache_dir
 
 RECIPE = {"name": "foreign-vocab", "format": 1, "vocab_size": 400, "hidden_size": 256, "layers": 2,
           "heads": 4, "kv_heads": 2, "max_position_embeddings": 4096, "seed": 7}
@@ -64,14 +61,4 @@ def foreign_vocab_model_dir(cache_dir: Path | None = None) -> Path:
     if (target / "config.json").is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-    try:
-        _build(staging)
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return build_into(target, _build)
