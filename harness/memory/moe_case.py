@@ -162,7 +162,7 @@ def offload_case(arch: str, budget_bytes: int, device: str = "cuda:0", prompt_le
     import torch
 
     from .measure import _rss_bytes, cuda_context_bytes
-    from .offload import measure_decode, plan_offload
+    from .offload import measure_decode, plan_offload, record_failure
 
     cuda = device.startswith("cuda")
     row: dict[str, Any] = {"kind": "offload", "arch": arch, "precision": "bf16", "budget_bytes": budget_bytes,
@@ -187,10 +187,7 @@ def offload_case(arch: str, budget_bytes: int, device: str = "cuda:0", prompt_le
         _dispatch_and_decode(model, device_map, device, budget_bytes, context, row, prompt_len, new_tokens,
                              measure_decode)
     except Exception as exc:  # noqa: BLE001 - an OOM is the finding; anything else is recorded
-        if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-            row["oom"] = True
-        else:
-            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+        record_failure(row, exc)
         del exc
     finally:
         del model

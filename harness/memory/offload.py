@@ -324,6 +324,17 @@ def measure_decode(model, device: str = "cuda:0", prompt_len: int = 128, new_tok
             "step_ms": [round(s, 2) for s in steps], "prompt_len": prompt_len, "new_tokens": new_tokens}
 
 
+
+def record_failure(row: dict, exc: BaseException) -> None:
+    """A measured run that raised: an out-of-memory is the finding (row["oom"]), anything else is
+    recorded as the row's one-line error."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        row["oom"] = True
+    else:
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+
 def run_placement(model_dir: str | Path, device_map: dict[str, Any] | str, budget_bytes: int | None = None,
                   device: str = "cuda:0", precision: str = "bf16", prompt_len: int = 128,
                   new_tokens: int = 16, offload_folder: str | Path | None = None) -> dict:
@@ -362,10 +373,7 @@ def run_placement(model_dir: str | Path, device_map: dict[str, Any] | str, budge
         row.update(measure_decode(model, device, prompt_len=prompt_len, new_tokens=new_tokens))
         row["decode_peak_bytes"] = int(torch.cuda.max_memory_allocated(dev))
     except Exception as exc:  # noqa: BLE001 - an OOM here is the finding, anything else is recorded
-        if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-            row["oom"] = True
-        else:
-            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+        record_failure(row, exc)
         del exc
     finally:
         row.update(rss_start_bytes=rss0, rss_end_bytes=_rss_bytes())
