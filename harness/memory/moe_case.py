@@ -159,8 +159,6 @@ def largest_layer_bytes(model) -> int:
 def offload_case(arch: str, budget_bytes: int, device: str = "cuda:0", prompt_len: int = 32,
                  new_tokens: int = 6, cpu_memory_bytes: int = 100 * 2**30) -> dict:
     """Plan `arch` at bf16 for a card of `budget_bytes`, then run that placement under the cap."""
-    import torch
-
     from .measure import _rss_bytes, cuda_context_bytes
     from .offload import measure_decode, plan_offload, record_failure
 
