@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_startups import SETTINGS, append, flag_args, startup_record  # noqa: E402
 from harness.atomic import write_json  # noqa: E402
 from harness.serving import compare as cmp  # noqa: E402
+from harness.serving import metrics  # noqa: E402
 from harness.serving.client import Target  # noqa: E402
 from harness.serving.launcher import launch_vllm  # noqa: E402
 from harness.serving.runner import BenchConfig, run_bench  # noqa: E402
@@ -55,20 +56,22 @@ BENCH_WORKERS, GATE_WORKERS, B_PAIRS = 4, 2, 5
 # gate's concurrency, a real slowdown of every decode step.
 GATE_A = {"gpu_memory_utilization": 0.3, "max_model_len": 2048, "enforce_eager": True, "max_num_seqs": 32}
 GATE_B = {**GATE_A, "max_num_seqs": 16}
-TTFT = "vllm:time_to_first_token_seconds_bucket"
 _BUCKET = re.compile(r'^vllm:time_to_first_token_seconds_bucket\{(?P<labels>[^}]*)\}\s+(?P<v>[\d.e+-]+)', re.M)
 _LE = re.compile(r'le="([^"]+)"')
-_SUM_COUNT = re.compile(r'^vllm:time_to_first_token_seconds_(sum|count)(?:\{[^}]*\})?\s+([\d.e+-]+)', re.M)
 
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def ttft_buckets(base_url: str) -> dict[float, float]:
-    """Cumulative TTFT bucket counts (upper bound in s -> count), summed over label sets."""
+def metrics_text(base_url: str) -> str:
     with urllib.request.urlopen(base_url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
+        return r.read().decode()
+
+
+def ttft_buckets(text: str) -> dict[float, float]:
+    """Cumulative TTFT bucket counts (upper bound in s -> count), summed over label sets
+    (harness.serving.metrics.parse keeps only the histogram's sum and count)."""
     out: dict[float, float] = {}
     for m in _BUCKET.finditer(text):
         le = _LE.search(m.group("labels"))
@@ -76,21 +79,6 @@ def ttft_buckets(base_url: str) -> dict[float, float]:
             bound = float("inf") if le.group(1) == "+Inf" else float(le.group(1))
             out[bound] = out.get(bound, 0.0) + float(m.group("v"))
     return out
-
-
-def ttft_sum_count(base_url: str) -> tuple[float, float]:
-    """(sum of TTFT seconds, requests) the server has recorded, over all label sets."""
-    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    totals = {"sum": 0.0, "count": 0.0}
-    for kind, value in _SUM_COUNT.findall(text):
-        totals[kind] += float(value)
-    return totals["sum"], totals["count"]
-
-
-def server_mean_ms(before: tuple[float, float], after: tuple[float, float]) -> float | None:
-    n = after[1] - before[1]
-    return round(1000 * (after[0] - before[0]) / n, 3) if n > 0 else None
 
 
 def histogram_quantile(before: dict, after: dict, q: float) -> dict:
@@ -181,15 +169,16 @@ def bench_level(server, model_dir: Path, c: int, runs: Path, vllm: VllmBench) ->
     row = {"concurrency": c, "num_prompts": PROMPTS[c]}
     for tool, fn in (("harness", lambda: harness_bench(server, model_dir, c, runs / f"harness-c{c}.json")),
                      ("vllm", lambda: vllm.run(c))):
-        before, sum_before = ttft_buckets(server.base_url), ttft_sum_count(server.base_url)
+        before = metrics_text(server.base_url)
         started = time.monotonic()
         row[tool] = fn()
         row[tool]["wall_s"] = round(time.monotonic() - started, 1)
-        after, sum_after = ttft_buckets(server.base_url), ttft_sum_count(server.base_url)
-        row[tool]["server_ttft_p50"] = histogram_quantile(before, after, 0.5)
-        row[tool]["server_ttft_p99"] = histogram_quantile(before, after, 0.99)
+        after = metrics_text(server.base_url)
+        row[tool]["server_ttft_p50"] = histogram_quantile(ttft_buckets(before), ttft_buckets(after), 0.5)
+        row[tool]["server_ttft_p99"] = histogram_quantile(ttft_buckets(before), ttft_buckets(after), 0.99)
         # every request the server saw in the run, warm-up included (the clients' means are not)
-        row[tool]["server_ttft_mean_ms"] = server_mean_ms(sum_before, sum_after)
+        mean = metrics.delta(metrics.parse(before), metrics.parse(after))["ttft_mean_ms"]
+        row[tool]["server_ttft_mean_ms"] = None if mean is None else round(mean, 3)
     h, v = row["harness"], row["vllm"]
     say(f"c={c}: harness ttft p50 {(h.get('ttft_ms') or {}).get('p50')} ms (server "
         f"{h['server_ttft_p50'].get('ms')}), {h.get('output_throughput')} tok/s, lag {h.get('schedule_lag_ms')}"
