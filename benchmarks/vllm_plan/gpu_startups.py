@@ -149,8 +149,8 @@ def start_once(sid: str, model_dir: Path, flags: dict, serve: bool, log_dir: Pat
 def token_probe(port: int, model_dir: Path, out: Path) -> dict:
     """A served start answers: PROBE's requests through the harness's runner, each asked for
     output_len tokens with ignore_eos; the record keeps whether every request came back with
-    exactly its prompt and output tokens (usage, the server's counters, the tokenizer) and a
-    sample of the text."""
+    exactly its prompt and output tokens (usage, the server's counters, the tokenizer); the run's
+    results file (with each request's text) lies beside the start-up logs."""
     from harness.serving.client import Target
     from harness.serving.runner import BenchConfig, run_bench
     from harness.serving.workload import Workload
