@@ -284,9 +284,9 @@ async def preconnect(session: aiohttp.ClientSession, target: Target, connections
     """Open `connections` keep-alive connections before the clock starts: `connections` GET
     /v1/models at once, each leaves its connection in the session's pool. Without it a closed
     loop's first burst pays a TCP connect (and the server's accept) per slot inside the measured
-    schedule: at 256 slots over 4 workers that was the whole of an H200 run's 13 ms lag p99
-    (docs/gpu.md). Best effort: a server without /v1/models, or one that closes idle
-    connections, only leaves the burst as it was. Returns how many answered."""
+    schedule (an H200 run at 256 slots over 4 workers had its lag p99 of 12.4 ms in that burst,
+    docs/gpu.md; not re-measured there since). Best effort: a server without /v1/models, or one
+    that closes idle connections, only leaves the burst as it was. Returns how many answered."""
     if connections <= 1:
         return 0
     url = target.base_url.rstrip("/") + "/v1/models"

@@ -159,7 +159,7 @@ class _Worker:
 
 
 async def _worker_run(conn, target, specs, share: WorkerShare, ramp_up_s: float, start_at: float,
-                      session=None) -> None:
+                      session) -> None:
     pending: list[RequestRecord] = []
     done = asyncio.Event()
 
