@@ -70,8 +70,8 @@ case $step in
   pipeline-run)
     stamp() { echo "[$(date +%T)] $*"; }
     stamp "wait-families"; bash "$0" wait-families "${FAMILIES_WAIT_S:-300}" > $R/p-families.txt 2>&1; tail -2 $R/p-families.txt
-    stamp "startups ${PIPELINE_STARTUPS:-s09,s02,s11,s12,s06}"
-    STARTUPS_ONLY=${PIPELINE_STARTUPS:-s09,s02,s11,s12,s06} STARTUPS_LIMIT_S=${STARTUPS_LIMIT_S:-320} bash "$0" startups > $R/p-startups.txt 2>&1
+    only=${PIPELINE_STARTUPS:-s09,s02,s11,s12,s06}; stamp "startups $only"
+    STARTUPS_ONLY=$only STARTUPS_LIMIT_S=${STARTUPS_LIMIT_S:-320} bash "$0" startups > $R/p-startups.txt 2>&1
     grep -E "^s[0-9]+ |skipped" $R/p-startups.txt | cut -c1-240
     stamp "serving bench"; SERVING_LIMIT_S=${BENCH_LIMIT_S:-400} bash "$0" serving bench > $R/p-bench.txt 2>&1
     grep -E "^c=|Error" $R/p-bench.txt | cut -c1-400
