@@ -2,7 +2,8 @@
 
 The parent (check-dir) forks one child per directory; the child inherits the imported torch (a
 fork costs milliseconds, an interpreter start with torch a second), caps its address space
-(RLIMIT_AS: what it had plus READ_MEMORY_BYTES) and reads the files one after the other
+(RLIMIT_AS: what it had plus READ_MEMORY_BYTES; the parent also kills it once its resident size
+grows by more) and reads the files one after the other
 (harness.modeldir.loader_views), sending one result per file through a pipe. The parent waits at
 most READ_SECONDS for each result; a child that runs over, runs out of memory or dies is killed,
 the file it was reading becomes "cannot be verified", and a fresh child reads the files left.
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 from .loader_views import LoaderRead, read_file
 
 READ_SECONDS = 60.0  # per file
-READ_MEMORY_BYTES = 8 * 1024 ** 3  # address space the child may add to what it inherited
+READ_MEMORY_BYTES = 8 * 1024 ** 3  # address space (and resident memory) the child may add to what it inherited
+WATCH_S = 0.05  # how often the parent looks at the child's resident size while it waits
 
 
 @dataclass
@@ -81,18 +83,20 @@ class _Progress:
 
 def _one_child(files: list[tuple[str, str]], seconds: float, memory: int, note: _Progress | None = None) -> dict:
     read_end, write_end = os.pipe()
+    rss_limit = _rss(os.getpid()) + memory  # the child starts with the parent's resident pages
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(read_end)
         _child(files, write_end, memory)
     os.close(write_end)
     got: dict = {}
+    over = lambda: _rss(pid) > rss_limit  # noqa: E731
     try:
         with os.fdopen(read_end, "rb", buffering=0) as pipe:
             for _, rel in files:
-                message = _receive(pipe, seconds)
+                message = _receive(pipe, seconds, over)
                 if message is None:
-                    got[rel] = ReadFailure(rel, _why(pid, seconds))
+                    got[rel] = ReadFailure(rel, _memory_reason(memory) if over() else _why(pid, seconds))
                     break
                 got[message[0]] = message[1]
                 if note is not None:
@@ -111,7 +115,7 @@ def _child(files: list[tuple[str, str]], fd: int, memory: int) -> None:
             try:
                 value: LoaderRead | ReadFailure = read_file(path, rel)
             except MemoryError:
-                value = ReadFailure(rel, f"reading it needs more than {memory >> 30} GiB of memory")
+                value = ReadFailure(rel, _memory_reason(memory))
             except Exception as exc:  # noqa: BLE001 - any reader failure is a verdict, never a crash
                 value = ReadFailure(rel, f"the reader failed ({type(exc).__name__}: {str(exc)[:160]})")
             data = pickle.dumps((rel, value), protocol=4)
@@ -123,6 +127,19 @@ def _child(files: list[tuple[str, str]], fd: int, memory: int) -> None:
         code = 1
     finally:
         os._exit(code)
+
+
+def _memory_reason(memory: int) -> str:
+    return f"reading it needs more than {memory >> 30} GiB of memory"
+
+
+def _rss(pid: int) -> int:
+    """Resident bytes of process `pid` (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:")), 0)
+    except OSError:
+        return 0
 
 
 def _limit_memory(extra: int) -> None:
@@ -137,23 +154,28 @@ def _limit_memory(extra: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
-def _receive(pipe, seconds: float):
+def _receive(pipe, seconds: float, over=lambda: False):
     deadline = time.monotonic() + seconds
-    header = _read_exact(pipe, 8, deadline)
+    header = _read_exact(pipe, 8, deadline, over)
     if header is None:
         return None
-    body = _read_exact(pipe, struct.unpack("<Q", header)[0], deadline + seconds)
+    body = _read_exact(pipe, struct.unpack("<Q", header)[0], deadline + seconds, over)
     if body is None:
         return None
     return pickle.loads(body)  # our own child's dataclasses, never file content
 
 
-def _read_exact(pipe, n: int, deadline: float) -> bytes | None:
+def _read_exact(pipe, n: int, deadline: float, over) -> bytes | None:
+    """n bytes from the child, or None at the deadline or once over() says its memory ran over:
+    RLIMIT_AS alone lets a child reuse the free heap the parent had mapped (after earlier
+    allocations) without growing its address space, so its resident size is watched too."""
     chunks = bytearray()
     while len(chunks) < n:
         wait = deadline - time.monotonic()
-        if wait <= 0 or not select.select([pipe], [], [], wait)[0]:
+        if wait <= 0 or over():
             return None
+        if not select.select([pipe], [], [], min(wait, WATCH_S))[0]:
+            continue
         piece = pipe.read(n - len(chunks))
         if not piece:
             return None
