@@ -83,7 +83,7 @@ class _Progress:
 
 def _one_child(files: list[tuple[str, str]], seconds: float, memory: int, note: _Progress | None = None) -> dict:
     read_end, write_end = os.pipe()
-    rss_limit = _rss(os.getpid()) + memory  # the child starts with the parent's resident pages
+    rss_limit = _resident(os.getpid()) + memory  # the child starts with the parent's resident pages
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(read_end)
@@ -95,7 +95,7 @@ def _one_child(files: list[tuple[str, str]], seconds: float, memory: int, note: 
         with os.fdopen(read_end, "rb", buffering=0) as pipe:
             for _, rel in files:
                 message = _receive(pipe, seconds, over)
-                if message is None:
+                if message is None or over():  # a read that went over its memory is no verdict
                     got[rel] = ReadFailure(rel, _memory_reason(memory) if over() else _why(pid, seconds))
                     break
                 got[message[0]] = message[1]
@@ -134,12 +134,19 @@ def _memory_reason(memory: int) -> str:
 
 
 def _rss(pid: int) -> int:
-    """Resident bytes of process `pid` (0 once it is gone)."""
+    """Peak resident bytes of process `pid` so far (VmHWM: a read that is over and done between two
+    looks still counts; a forked child starts at its parent's resident size). 0 once it is gone."""
     try:
         with open(f"/proc/{pid}/status") as status:
-            return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:")), 0)
+            return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:")), 0)
     except OSError:
         return 0
+
+
+def _resident(pid: int) -> int:
+    """Resident bytes of process `pid` now (VmRSS)."""
+    with open(f"/proc/{pid}/status") as status:
+        return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:")), 0)
 
 
 def _limit_memory(extra: int) -> None:
