@@ -42,6 +42,20 @@ def test_a_reader_over_its_memory_limit_is_unverifiable(tmp_path):
     assert read_all([(str(path), "big.bin")])["big.bin"].unverifiable == []  # with the default limit it reads
 
 
+def test_the_memory_limit_holds_when_the_parent_left_free_heap_behind(tmp_path):
+    """A long-lived parent (this pytest worker) leaves freed chunks on its heap; the child reusing
+    them grew neither its address space nor its resident size, and a 96 MiB read passed a 32 MiB
+    limit in CI. Recreated here: ~400 MiB freed under a live chunk that keeps the heap from shrinking."""
+    path = tmp_path / "big.bin"
+    torch.save({"blob": b"x" * (96 << 20)}, path)
+    junk = [bytes(2000) + bytes([i % 256]) for i in range(200_000)]
+    keep = bytes(3000)
+    del junk
+    read = read_all([(str(path), "big.bin")], memory=32 << 20)["big.bin"]
+    assert isinstance(read, ReadFailure) and "32 MiB of memory" in read.reason, read
+    assert keep
+
+
 def test_within_limits_the_child_reads_what_torch_reads(tmp_path):
     path = _checkpoint(tmp_path / "ok.bin")
     read = read_all([(str(path), "ok.bin")])["ok.bin"]
