@@ -11,16 +11,24 @@ from harness.memory.measure import MemoryTracker
 
 
 def test_tracker_on_cpu_reports_host_rss_peak():
+    import gc
     import mmap
     import time
 
-    with MemoryTracker("cpu", interval_s=0.002) as t:
-        # fresh anonymous pages, touched: a malloc'ed block could reuse what an earlier test in this
-        # worker freed and left resident, and the RSS would not move
-        block = mmap.mmap(-1, 64 * 2**20)
-        block.write(b"\1" * len(block))
-        time.sleep(0.2)  # several sampler periods, also on a loaded box
-        block.close()
+    # a collection inside the window could free an earlier test's garbage (tensors in cycles) and
+    # the resident size would drop by more than the block adds: collected before, none during
+    gc.collect()
+    gc.disable()
+    try:
+        with MemoryTracker("cpu", interval_s=0.002) as t:
+            # fresh anonymous pages, touched: a malloc'ed block could reuse what an earlier test in
+            # this worker freed and left resident, and the RSS would not move
+            block = mmap.mmap(-1, 64 * 2**20)
+            block.write(b"\1" * len(block))
+            time.sleep(0.2)  # several sampler periods, also on a loaded box
+            block.close()
+    finally:
+        gc.enable()
     r = t.result
     assert r.peak_bytes is None and r.nvml_peak_bytes is None  # nothing to read on a CPU
     assert r.host_rss_peak_bytes >= r.host_rss_start_bytes + 48 * 2**20
