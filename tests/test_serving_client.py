@@ -200,7 +200,9 @@ def test_the_client_measures_its_own_cpu_starvation_and_the_machines_contention(
         try:
             cfg = BenchConfig(target=Target(standin.base_url, "standin", timeout_s=10), quiet=True, warmup=0,
                               workload=Workload(input_len=5, output_len=2, num_prompts=2), concurrencies=[2])
-            return run_bench(cfg)["runs"][0]["client_noise"]["cpu_contention"]
+            noise = run_bench(cfg)["runs"][0]["client_noise"]
+            assert noise["cpu_contention_run"] >= 1.0  # the stand-in's process was found and watched
+            return noise["cpu_contention"]
         finally:
             for hog in busy:
                 hog.kill()
@@ -209,6 +211,48 @@ def test_the_client_measures_its_own_cpu_starvation_and_the_machines_contention(
     # Measured with the server idle: others' busy loops raise it, by about one per core each.
     quiet, hogged = contention(0), contention(3)
     assert quiet >= 1.0 and hogged > quiet + 0.5, (quiet, hogged)
+
+
+def test_the_cpu_others_use_during_a_run_counts_and_the_watched_processes_do_not(standin):
+    """hostload.cpu_times/others_during: a busy loop outside the watched tree (a neighbour, as the
+    other xdist worker is) shows as others' CPU; one inside it (a child, as vLLM's engine core is
+    the API server's) never excuses the server."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from harness.serving import hostload
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("/proc/stat and /proc/PID/stat are Linux's")
+    server = hostload.server_pids(standin.base_url)
+    assert server and standin.pid in server  # the owner of the listening port is found
+    assert hostload.server_pids("http://192.0.2.1:8000") is None  # a server elsewhere: not watched
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    shell = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                           capture_output=True, text=True, check=True)
+    neighbour = int(shell.stdout)  # reparented away from us: not a descendant
+
+    def cpu_s(pid: int) -> float:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    try:
+        watched = server | {os.getpid()}
+        before, child_0, neighbour_0 = hostload.cpu_times(watched), cpu_s(child.pid), cpu_s(neighbour)
+        time.sleep(1.5)
+        after, child_1, neighbour_1 = hostload.cpu_times(watched), cpu_s(child.pid), cpu_s(neighbour)
+    finally:
+        os.kill(neighbour, signal.SIGKILL)
+        child.kill()
+        child.wait()
+    wall = after.wall - before.wall
+    others = hostload.others_during(before, after)
+    assert after.watched_s - before.watched_s >= 0.9 * (child_1 - child_0)  # the child is ours
+    assert others["others_cpu_cores"] >= 0.9 * (neighbour_1 - neighbour_0) / wall - 0.05  # the neighbour is not
+    assert (neighbour_1 - neighbour_0) / wall > 0.3  # it really ran beside us
+    assert others["cpu_contention_run"] == pytest.approx(1 + others["others_cpu_cores"] / hostload.cores())
 
 
 def test_preconnect_opens_every_slots_connection_before_the_clock():

@@ -108,6 +108,30 @@ def test_a_starved_client_makes_a_drop_inconclusive_not_a_regression():
     assert verdicts(cmp.compare(base_starved, make_results(seed=2, run_drift=0.01, tput=770.0)))["output_throughput"] == "regressed"
 
 
+def test_a_neighbour_busy_during_the_run_makes_an_a_a_slowdown_inconclusive():
+    # CI, the gate's A/A on the 2-core box: the second bench of the same server ran while the other
+    # xdist worker was busy: TTFT p50 +51%, throughput -19%, the server's own TTFT +39%, and the
+    # runnable tasks sampled with the server idle saw nothing (contention 1.0 on both sides): red.
+    # The CPU others used during the run (hostload.others_during) is what slowed the server.
+    base = make_results(seed=1, noise=0.05, run_drift=0.02, ttft_ms=9.25, tput=1320.0)
+    cand = make_results(seed=2, noise=0.05, run_drift=0.02, ttft_ms=13.9, tput=1070.0)
+    for side, run_contention in ((base, 1.0), (cand, 1.5)):
+        for run in side["runs"]:
+            run["client_noise"].update(cpu_contention=1.0, cpu_contention_run=run_contention)
+    result = cmp.compare(base, cand)
+    v = verdicts(result)
+    assert not result.regressed, cmp.format_table(result)
+    assert v["ttft_p50"] == v["output_throughput"] == v["server_ttft_mean"] == "inconclusive (client-bound)", v
+    # Without the in-run figure the same numbers are what CI called a regression.
+    for run in cand["runs"]:
+        run["client_noise"].pop("cpu_contention_run")
+    assert cmp.compare(base, cand).regressed
+    # A neighbour that took a tenth of a core explains nothing of a 50% slowdown.
+    for run in cand["runs"]:
+        run["client_noise"]["cpu_contention_run"] = 1.05
+    assert verdicts(cmp.compare(base, cand))["ttft_p50"] == "regressed"
+
+
 def test_two_stalled_runs_of_five_excuse_their_own_throughput_drop():
     # Issue 25, as an outsider on a busy box: throughput -61% while the client's loop lag p99 was
     # 550 ms. Two runs of five whose client stood still half the time cost the geometric mean

@@ -13,8 +13,10 @@ beyond its threshold, and still does once what the client itself measured is tak
   makes every latency it times late by about that much;
 - the machine's CPU contention from other processes ((cores + their runnable tasks) / cores,
   sampled with the server idle just before and after each run, so that a server's own threads
-  never excuse it) and CPU pressure (PSI) slow a server that shares the cores: contention 2.0
-  against 1.5 explains a third more latency and a quarter less throughput.
+  never excuse it; or, where higher, (cores + the CPU others used during the run) / cores, with
+  the server's processes and the client's taken off) and CPU pressure (PSI) slow a server that
+  shares the cores: contention 2.0 against 1.5 explains a third more latency and a quarter less
+  throughput.
 
 When the candidate's side was more starved than the baseline's by enough to explain the change,
 the verdict is "inconclusive (client-bound)", not "regressed" (and symmetrically for
@@ -206,6 +208,19 @@ def _noise(runs: list[dict], key: str, mean: bool = False) -> float:
     return statistics.fmean(values) if mean else _median(values)
 
 
+def _contention(runs: list[dict]) -> float:
+    """Median over runs of each run's worse contention figure: others' runnable tasks sampled with
+    the server idle, or the CPU others used during the run (hostload)."""
+    values = []
+    for run in runs:
+        noise = run.get("client_noise") or {}
+        figures = [v for key in ("cpu_contention", "cpu_contention_run")
+                   if isinstance(v := noise.get(key), (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        if figures:
+            values.append(max(figures))
+    return _median(values) if values else 1.0
+
+
 # Which figure of the client's event-loop lag bounds how late a latency statistic was timed: a
 # median or mean over requests can be late by what a typical stall costs (its p99 over the probe's
 # samples), a p99 or max by the worst stall (issue 25: TTFT p99 36 -> 233 ms, loop lag p99 239 ms).
@@ -252,7 +267,7 @@ def client_margins(base: list[dict], cand: list[dict], source: str, base_value: 
     else:
         scale = base_value if base_value > 0 else math.inf
         client_worse, client_better = _loop_lag(cand, stat) / scale, _loop_lag(base, stat) / scale
-    c_b, c_c = _noise(base, "cpu_contention") or 1.0, _noise(cand, "cpu_contention") or 1.0
+    c_b, c_c = _contention(base), _contention(cand)
     if source == "run":  # throughput scales with 1/contention
         worse_env, better_env = max(0.0, 1 - c_b / c_c), max(0.0, 1 - c_c / c_b)
     else:  # latency scales with contention

@@ -9,6 +9,12 @@
   A CPU-bound server that wants the machine's K cores, beside B other runnable tasks, gets about
   K / (K + B) of them: `cpu_contention` = (K + B) / K (1.0 on a quiet machine, 1.5 with one busy
   loop on 2 cores). PSI saturates near 100% on a busy small machine; this does not.
+- the CPU others used during the run itself: the machine's busy time (/proc/stat) less what the
+  server's processes and the client's used (their /proc/PID/stat, reaped children included), in
+  cores; `cpu_contention_run` = (K + that) / K. Idle samples miss a neighbour that starts and stops
+  between them (a pytest-xdist worker beside the gate); this does not. It is measured only for a
+  server on this machine whose processes are found (the owner of the listening port and its
+  descendants): a server whose CPU could not be told apart would excuse itself.
 
 Linux only; elsewhere the figures are None and the gate falls back to schedule and loop lag.
 """
@@ -111,3 +117,113 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> dict:
         "client_runqueue_share": share(before.thread_wait_ns, after.thread_wait_ns, 1e9),
         "cpu_pressure_share": share(before.pressure_some_us, after.pressure_some_us, 1e6),
     }
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """CPU seconds so far: the whole machine's busy time and the watched processes' (None: unknown)."""
+    wall: float
+    machine_busy_s: float | None
+    watched_s: float | None
+
+
+def _ticks_per_s() -> float:
+    try:
+        return float(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, ValueError, OSError):
+        return 100.0
+
+
+def _machine_busy_s() -> float | None:
+    """All CPUs' time not idle and not waiting for I/O (steal included: a hypervisor's other guests
+    are others too)."""
+    text = _read("/proc/stat")
+    if not text or not text.startswith("cpu "):
+        return None
+    fields = [int(v) for v in text.splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    guest = sum(fields[8:10])  # counted in user and nice already
+    return (sum(fields[:10]) - idle - guest) / _ticks_per_s()
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    text = _read(f"/proc/{pid}/stat")
+    if not text or ")" not in text:
+        return None
+    return text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 0
+
+
+def _descendants(roots: set[int]) -> set[int]:
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(int(entry))) is not None:
+            parent[int(entry)] = int(fields[1])
+    tree = {pid for pid in roots if pid in parent}
+    grown = True
+    while grown:
+        more = {pid for pid, ppid in parent.items() if ppid in tree and pid not in tree}
+        tree |= more
+        grown = bool(more)
+    return tree
+
+
+def _process_cpu_s(pid: int) -> float:
+    """utime + stime + cutime + cstime: a child that exited and was reaped moves into its parent's
+    cutime, so a tree's sum only grows by what the tree ran."""
+    fields = _stat_fields(pid)
+    return sum(int(v) for v in fields[11:15]) / _ticks_per_s() if fields else 0.0
+
+
+def cpu_times(roots: set[int] | None) -> CpuTimes:
+    """The machine's busy seconds and those of `roots` and their descendants (None: not watched)."""
+    busy = _machine_busy_s()
+    watched = None if roots is None or busy is None else sum(_process_cpu_s(pid) for pid in _descendants(roots))
+    return CpuTimes(time.monotonic(), busy, watched)
+
+
+def others_during(before: CpuTimes, after: CpuTimes) -> dict:
+    """Cores' worth of CPU the rest of the machine used between two cpu_times of the same roots."""
+    wall = after.wall - before.wall
+    if wall <= 0 or None in (before.machine_busy_s, after.machine_busy_s, before.watched_s, after.watched_s):
+        return {"others_cpu_cores": None, "cpu_contention_run": None}
+    others = max(0.0, (after.machine_busy_s - before.machine_busy_s) - (after.watched_s - before.watched_s)) / wall
+    k = cores()
+    return {"others_cpu_cores": others, "cpu_contention_run": (k + others) / k}
+
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
+
+
+def server_pids(base_url: str) -> set[int] | None:
+    """The processes that own the listening socket of a server on this machine (None: the server is
+    elsewhere, or its socket's owner cannot be read: not ours, another namespace, not Linux)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base_url)
+    if parts.hostname not in LOOPBACK:
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in (_read(table) or "").splitlines()[1:]:
+            cols = line.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{cols[9]}]")
+    if not inodes:
+        return None
+    owners = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}") in inodes:
+                    owners.add(int(entry))
+                    break
+            except OSError:
+                continue
+    return owners or None
