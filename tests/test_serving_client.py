@@ -12,6 +12,7 @@ from harness.errors import CheckFailed, UsageError
 from harness.serving.client import RequestSpec, Target, run_load
 from harness.serving.runner import preflight
 from harness.serving.client import make_session
+from harness.serving.launcher import free_port
 from harness.serving.standin import run_standin
 from harness.serving.stats import SLO, summarize_run
 
@@ -213,6 +214,13 @@ def test_the_client_measures_its_own_cpu_starvation_and_the_machines_contention(
     assert quiet >= 1.0 and hogged > quiet + 0.5, (quiet, hogged)
 
 
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def test_the_cpu_others_use_during_a_run_counts_and_the_watched_processes_do_not(standin):
     """hostload.cpu_times/others_during: a busy loop outside the watched tree (a neighbour, as the
     other xdist worker is) shows as others' CPU; one inside it (a child, as vLLM's engine core is
@@ -229,6 +237,17 @@ def test_the_cpu_others_use_during_a_run_counts_and_the_watched_processes_do_not
     server = hostload.server_pids(standin.base_url)
     assert server and standin.pid in server  # the owner of the listening port is found
     assert hostload.server_pids("http://192.0.2.1:8000") is None  # a server elsewhere: not watched
+    port = free_port()  # a proxy in front of a server (docker-proxy, nginx, ssh -L) is not the server
+    proxy = subprocess.Popen(["bash", "-c", f'exec -a docker-proxy "{sys.executable}" -m http.server --bind 127.0.0.1 {port}'],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not _listening(port):
+            time.sleep(0.1)
+        assert _listening(port) and hostload.server_pids(f"http://127.0.0.1:{port}") is None
+    finally:
+        proxy.kill()
+        proxy.wait()
     child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     shell = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
                            capture_output=True, text=True, check=True)

@@ -13,8 +13,9 @@
   server's processes and the client's used (their /proc/PID/stat, reaped children included), in
   cores; `cpu_contention_run` = (K + that) / K. Idle samples miss a neighbour that starts and stops
   between them (a pytest-xdist worker beside the gate); this does not. It is measured only for a
-  server on this machine whose processes are found (the owner of the listening port and its
-  descendants): a server whose CPU could not be told apart would excuse itself.
+  server on this machine whose processes are found (the owner of the listening port, when it is
+  the server's own process and not a proxy, and its descendants): a server whose CPU could not be
+  told apart would excuse itself.
 
 Linux only; elsewhere the figures are None and the gate falls back to schedule and loop lag.
 """
@@ -226,4 +227,17 @@ def server_pids(base_url: str) -> set[int] | None:
                     break
             except OSError:
                 continue
-    return owners or None
+    served = {pid for pid in owners if _is_server_process(pid)}
+    return served or None
+
+
+def _is_server_process(pid: int) -> bool:
+    """The socket's owner is the server itself (vLLM's API server and the stand-in are Python
+    processes), not a proxy in front of it (docker-proxy, nginx, an ssh tunnel): a proxy's
+    descendants are not the server, and the server's CPU would be counted as others'."""
+    raw = _read(f"/proc/{pid}/cmdline")
+    argv = raw.split("\0") if raw else []
+    if not argv or not argv[0]:
+        return False
+    # vLLM may retitle its processes ("VLLM::APIServer"): any case
+    return os.path.basename(argv[0]).startswith("python") or any("vllm" in os.path.basename(a).lower() for a in argv[:2])
