@@ -214,6 +214,23 @@ def test_the_client_measures_its_own_cpu_starvation_and_the_machines_contention(
     assert quiet >= 1.0 and hogged > quiet + 0.5, (quiet, hogged)
 
 
+def test_busy_time_counts_only_the_cpus_this_process_may_run_on():
+    """A container pinned to 2 of a host's CPUs still reads every CPU in /proc/stat: the host's
+    other jobs on the other CPUs must not pass for contention."""
+    from harness.serving.hostload import _ticks_per_s, busy_seconds
+
+    #       user nice system idle iowait irq softirq steal guest guest_nice
+    stat = ("cpu  700 0 300 900 100 0 0 0 50 0\n"
+            "cpu0 100 0 50 300 50 0 0 0 0 0\n"
+            "cpu1 100 0 50 300 50 0 0 0 0 0\n"
+            "cpu2 500 0 200 300 0 0 0 0 50 0\n"
+            "intr 12345\nctxt 999\n")
+    tick = _ticks_per_s()
+    assert busy_seconds(stat, {0, 1}) == pytest.approx(300 / tick)  # cpu2's 700 busy ticks left out
+    assert busy_seconds(stat, None) == pytest.approx(1000 / tick)  # guest time is in user already
+    assert busy_seconds(stat, {7}) is None  # none of ours listed: unknown, not zero
+
+
 def _listening(port: int) -> bool:
     import socket
 
@@ -222,9 +239,10 @@ def _listening(port: int) -> bool:
 
 
 def test_the_cpu_others_use_during_a_run_counts_and_the_watched_processes_do_not(standin):
-    """hostload.cpu_times/others_during: a busy loop outside the watched tree (a neighbour, as the
-    other xdist worker is) shows as others' CPU; one inside it (a child, as vLLM's engine core is
-    the API server's) never excuses the server."""
+    """hostload.cpu_times/others_during: the server's tree (a busy child, as vLLM's engine core is
+    the API server's) never excuses the server; a busy loop outside it counts as others' CPU,
+    whether it is a neighbour nobody here started (the other xdist worker) or one the client's own
+    process started beside the bench (a CPU hog)."""
     import os
     import signal
     import subprocess
@@ -248,30 +266,43 @@ def test_the_cpu_others_use_during_a_run_counts_and_the_watched_processes_do_not
     finally:
         proxy.kill()
         proxy.wait()
-    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    shell = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+
+    spin = "while True: pass"
+    engine_parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                                      f"subprocess.Popen([sys.executable, '-c', {spin!r}]); time.sleep(60)"])
+    hog = subprocess.Popen([sys.executable, "-c", spin])  # the client's child, not the server's
+    shell = subprocess.run(["sh", "-c", f"{sys.executable} -c '{spin}' >/dev/null 2>&1 & echo $!"],
                            capture_output=True, text=True, check=True)
-    neighbour = int(shell.stdout)  # reparented away from us: not a descendant
+    neighbour = int(shell.stdout)  # reparented away from us: nobody's descendant here
 
     def cpu_s(pid: int) -> float:
         fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     try:
-        watched = server | {os.getpid()}
-        before, child_0, neighbour_0 = hostload.cpu_times(watched), cpu_s(child.pid), cpu_s(neighbour)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(engine := hostload._descendants({engine_parent.pid})) < 2:
+            time.sleep(0.05)
+        engine_pid = max(engine - {engine_parent.pid})
+        watched_server = {engine_parent.pid}
+        pids = (engine_pid, hog.pid, neighbour)
+        before, cpu_0 = hostload.cpu_times(watched_server, {os.getpid()}), [cpu_s(p) for p in pids]
         time.sleep(1.5)
-        after, child_1, neighbour_1 = hostload.cpu_times(watched), cpu_s(child.pid), cpu_s(neighbour)
+        after, cpu_1 = hostload.cpu_times(watched_server, {os.getpid()}), [cpu_s(p) for p in pids]
     finally:
-        os.kill(neighbour, signal.SIGKILL)
-        child.kill()
-        child.wait()
+        for pid in [neighbour, *(hostload._descendants({engine_parent.pid}) - {engine_parent.pid})]:
+            os.kill(pid, signal.SIGKILL)  # the engine before its parent: orphaned, it is nobody's to find
+        for proc in (hog, engine_parent):
+            proc.kill()
+            proc.wait()
     wall = after.wall - before.wall
+    used = [(b - a) / wall for a, b in zip(cpu_0, cpu_1)]
     others = hostload.others_during(before, after)
-    assert after.watched_s - before.watched_s >= 0.9 * (child_1 - child_0)  # the child is ours
-    assert others["others_cpu_cores"] >= 0.9 * (neighbour_1 - neighbour_0) / wall - 0.05  # the neighbour is not
-    assert (neighbour_1 - neighbour_0) / wall > 0.3  # it really ran beside us
+    assert all(u > 0.2 for u in used), used  # each of the three really ran
+    assert (after.watched_s - before.watched_s) / wall >= 0.9 * used[0]  # the engine is the server's
+    assert others["others_cpu_cores"] >= 0.9 * (used[1] + used[2]) - 0.05, (others, used)  # hog and neighbour are not
     assert others["cpu_contention_run"] == pytest.approx(1 + others["others_cpu_cores"] / hostload.cores())
+    assert hostload.cpu_times(None, {os.getpid()}).watched_s is None  # no server found: nothing to tell apart
 
 
 def test_preconnect_opens_every_slots_connection_before_the_clock():

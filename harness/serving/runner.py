@@ -276,8 +276,7 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int, w
     n_workers = cfg.workers or default_workers(hostload.cores(), hostload.background(idle)["background_runnable"])
     check = _capacity_check(cfg, level, rate, n_workers, warm, machine or {}) if rep == 0 else None
     server = hostload.server_pids(cfg.target.base_url)
-    watched = None if server is None else server | {os.getpid()}  # the client's workers are our children
-    cpu_before = hostload.cpu_times(watched)
+    cpu_before = hostload.cpu_times(server, {os.getpid()})
     try:
         if n_workers > 1:
             load = await run_load_workers(cfg.target, specs, workers=n_workers, concurrency=level,
@@ -299,7 +298,7 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int, w
         raise Interrupted(run) from None
     finally:
         series = await sampler.stop() if sampler else []
-    load.host.update(hostload.others_during(cpu_before, hostload.cpu_times(watched)))
+    load.host.update(hostload.others_during(cpu_before, hostload.cpu_times(server, {os.getpid()})))
     after = await metrics.settled(session, cfg.target.base_url) if before else None
     idle += await hostload.sample_runnable()
     load.host.update(hostload.background(idle))
