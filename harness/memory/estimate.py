@@ -32,6 +32,7 @@ from .calibration import (CALIBRATION, calibration_key, features, features_for, 
 from .families import decode_kv_tokens, inference_terms, sdpa_masked_layers, train_terms, verification
 from .lora import (DEFAULT_LORA_TARGETS, OPTIMIZERS, LoraTargets, adapter_bytes, check_lora_targets,  # noqa: F401
                    lora_params, optimizer_name, resolve_lora_targets)
+from .recompute import layer_peak
 from .shape import KNOWN_FAMILIES, LinearGroup, ModelShape, load_config, model_shape  # noqa: F401
 from .weights import (ENGINES, FILE_PRECISIONS, PRECISIONS, accelerate_style_bytes, block_rounded,  # noqa: F401
                       dtype_bytes, kv_cache_bytes, quantized_linear_bytes, serving_notes,
@@ -253,7 +254,7 @@ def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None
     table = calibration if calibration is not None and key in calibration else CALIBRATION
     coeffs = table.get(key, {})
     fam = family_train_terms(shape, q)
-    transient = _fitted_with_family(coeffs, feats, fam, q.grad_checkpointing) + sum(saved.values())
+    transient = _fitted_with_family(coeffs, feats, fam, shape, q) + sum(saved.values())
     loss = int(feats["tok_v"] * max([coeffs.get("tok_v", 0.0)] + [p.get("tok_v", 0.0) for p in coeffs.get("max", [])]))
     loss += fam["logits"]
     grads_live = int(feats["grads"] * coeffs.get("grads", 0.0))
@@ -276,37 +277,39 @@ def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None
 
 
 def family_train_terms(shape: ModelShape, q: Query) -> dict[str, int]:
-    """The family's exact extra terms (families.train_terms) for a training query, plus the
-    dequantized weight of a 4-bit layer's backward with checkpointing (dequant_backward_bytes)."""
+    """The family's exact extra terms (families.train_terms) for a training query. With fp32 GQA
+    the fitted phase and recompute.layer_points both count the math kernel's score blocks, so an
+    eager family's terms are what it keeps beyond them."""
     act = train_act_bytes(q.precision)
     covered = act == 4 and shape.kv_heads < shape.heads  # fp32 GQA: the fit counts math-kernel scores
-    out = train_terms(shape, shape.traits, q, act, act, covered)
-    if q.grad_checkpointing:
-        out["layer_transient"] += dequant_backward_bytes(shape, q.precision)
-    return out
+    return train_terms(shape, shape.traits, q, act, act, covered)
 
 
 def dequant_backward_bytes(shape: ModelShape, precision: str) -> int:
     """bitsandbytes' MatMul4Bit.backward computes the input gradient as grad_output @
     dequantize_4bit(W): the whole weight, dequantized to the compute dtype (bf16), is alive beside
-    the recomputed layer's tensors - the largest linear's (MLP gate/up/down) at the recomputed
-    layer's peak. The fitted 4-bit checkpointing terms cannot hold it: in the fit's families the
-    loss phase outweighs the recomputed layer (vocabularies of 32k-152k with linears of 4-17M
-    parameters, <= 34 MB dequantized); Mistral-7B (a 32k vocabulary, 58.7M-parameter MLP
-    linears: 117 MB) peaks in the recomputed layer, where it shows (issue 27, second run)."""
+    the recomputed layer's tensors - the largest linear's at the fitted phase's peak.
+    recompute.layer_points counts each projection's own at its backward."""
     if precision_group(precision) != "4bit":
         return 0
     return shape.largest_linear * 2
 
 
-def _fitted_with_family(coeffs: dict, feats: dict, fam: dict[str, int], checkpointing: bool) -> int:
+def _fitted_with_family(coeffs: dict, feats: dict, fam: dict[str, int], shape: ModelShape, q: Query) -> int:
     """The fitted transient with the family's terms where they happen: with checkpointing the
     loss phase and the recomputed layer's phase peak apart (the "max" entry), so the logits extra
-    joins the first and the layer's extra the second; without it everything is saved at once."""
+    joins the first and the layer's extra the second; without it everything is saved at once.
+    A 4-bit base's recomputed layer is the largest of its points read from the code
+    (recompute.layer_points: the MLP's backward at short sequences, the attention's at long ones),
+    never below the fitted phase plus the dequantized weight (what the fit's rows measured)."""
     base = linear_sum(coeffs, feats)
     phases = [linear_sum(p, feats) for p in coeffs.get("max", [])]
-    if checkpointing:
+    if q.grad_checkpointing:
         extra = [fam["logits"], fam["layer_transient"]]
+        if precision_group(q.precision) == "4bit" and len(phases) > 1:
+            fitted = phases[1] + extra[1] + dequant_backward_bytes(shape, q.precision)
+            phases[1] = max(fitted, layer_peak(shape, q, train_act_bytes(q.precision))[0] + extra[1])
+            extra[1] = 0
         phases = [v + (extra[i] if i < 2 else 0) for i, v in enumerate(phases)] or [max(extra)]
         return int(base + max(phases)) + fam["step"]
     return int(base + max(phases, default=0.0)) + fam["layer_saved"] + fam["logits"] + fam["step"]
