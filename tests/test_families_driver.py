@@ -114,3 +114,21 @@ def test_second_run_commands(driver, second, tmp_path):
             assert importlib.util.find_spec("harness.memory.moe_case") is not None
         elif j["kind"] == "infer" and j["arch"] in driver.BUILT_ON_DEVICE:
             assert cmd[cmd.index("--model-dir") + 1].endswith("qwen3-30b-a3b.json")  # built, not loaded
+
+
+def test_the_fresh_set_checks_new_settings_on_both_sides_of_the_verdict(driver):
+    """--set fresh: >= 20 boundary cases never run before, about half predicted to fit, over the
+    five new families, and Mistral's checkpointed batch-2 steps at new settings, Mistral first."""
+    jobs = driver.all_jobs(job_set="fresh")
+    cases = [TrainCase(**j["case"]) for j in jobs]
+    seen = driver.committed_settings()
+    assert all((c.arch, c.targets, c.lora_r, c.grad_checkpointing, c.batch, c.seq_len, c.optimizer) not in seen
+               for c in cases)
+    boundary = [c for c in cases if c.role == "boundary"]
+    verdicts = [fits(estimate(model_shape(c.arch), c.query()).planned_bytes, c.budget_bytes,
+                     driver.ASSUMED_CONTEXT, default_headroom("train")) for c in boundary]
+    assert len(boundary) >= 20 and abs(sum(verdicts) - len(boundary) / 2) <= 2
+    assert {c.arch for c in boundary} == set(driver.SETS["fresh"])
+    b2 = [c for c in cases if c.role == "matrix"]
+    assert len(b2) >= 3 and all(c.arch == "mistral-7b-v0.3" and c.batch == 2 and c.grad_checkpointing for c in b2)
+    assert cases[0].arch == "mistral-7b-v0.3" and len({j["name"] for j in jobs}) == len(jobs)

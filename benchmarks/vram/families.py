@@ -22,7 +22,12 @@ matrix with >= 12 plan --train 6 GiB boundary cases interleaved, Qwen3-30B-A3B's
 the whole GPU (prefill and generate, built on the GPU by harness.memory.moe_case: no 61 GB
 checkpoint) and its `plan --offload` placement run for real under a 6 GiB cap (weights of the
 offloaded layers in host RAM), then Mistral's inference at bf16 and nf4-dq. The MoE cases start
-while Mistral's random checkpoint is still being saved.
+while Mistral's random checkpoint is still being saved. "fresh", the third
+(benchmarks/vram/measured-families-3/): out-of-sample checks of the recomputed-layer model
+(harness/memory/recompute.py): Mistral-7B's checkpointed batch-2 QLoRA steps at new lengths and
+ranks, and 30 plan --train boundary cases under the 6 GiB card (6 per family: Mistral-7B, Gemma-2,
+Gemma-3, Qwen3, Phi-4-mini; half predicted to fit, within 12% of the verdict), none at a setting a
+committed row ran. `--list` prints the jobs with each case's prediction and verdict.
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ from harness.memory.train_matrix import TrainCase  # noqa: E402
 
 FAMILIES = ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "phi-4-mini")
 FIT_EXCLUDED = ("qwen3-1.7b", "phi-4-mini", "mistral-7b-v0.3", "qwen3-30b-a3b")
-SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")}
+SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b"),
+        "fresh": ("mistral-7b-v0.3",) + FAMILIES}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -209,6 +215,85 @@ def mistral_moe_jobs() -> list[dict]:
             + [infer_job(arch, "nf4-dq"), infer_job(arch, "bf16")])
 
 
+# The third run (--set fresh): out-of-sample checks of the recomputed-layer model
+# (harness/memory/recompute.py), derived while reading Mistral's rows. Settings no committed row
+# ran: other lengths, ranks and batches than the first two runs' boundary and matrix draws.
+FRESH_SEQS = (128, 192, 320, 384, 448, 640, 896, 1280, 1792)
+FRESH_RANKS = (4, 8, 16, 32, 64)
+FRESH_PER_FAMILY = 6
+FRESH_RATIO = (0.88, 1.12)  # planned x (1 + reserve) / (6 GiB - context): close to the verdict
+# Mistral-7B checkpointed QLoRA at batch 2, uncapped (the rows the model was read against were
+# 512 x 2 and 256 x 2): (targets, r, seq)
+FRESH_MISTRAL_B2 = (("attn", 16, 384), ("all", 32, 640), ("attn", 8, 896), ("all", 8, 1280), ("attn", 32, 1792))
+
+
+def committed_settings() -> set[tuple]:
+    """(arch, targets, r, checkpointing, batch, seq, optimizer) of every committed training row."""
+    from harness.memory import families_truth as T
+
+    rows = T.load_rows()["train"]
+    return {(r["arch"], r["targets"], r["lora_r"], r["grad_checkpointing"], r["batch"], r["seq_len"], r["optimizer"])
+            for r in rows}
+
+
+def fresh_boundary_cases(rng: random.Random, seen: set[tuple], per_family: int = FRESH_PER_FAMILY) -> list[TrainCase]:
+    """Per family, `per_family` cases never run before whose plan --train verdict lies within
+    FRESH_RATIO of the 6 GiB card's cap, half predicted to fit."""
+    from harness.memory.estimate import RESERVE_FRACTION, estimate
+    from harness.memory.shape import model_shape
+
+    out: list[TrainCase] = []
+    for arch in SETS["fresh"]:
+        shape = model_shape(arch)
+        below, above = [], []
+        for _ in range(4000):
+            if len(below) + len(above) >= per_family:
+                break
+            c = TrainCase(arch, "nf4-dq", rng.choice(("all", attn_targets(arch))), rng.choice(FRESH_RANKS),
+                          rng.random() < 0.8, rng.choice((1, 2, 3)), rng.choice(FRESH_SEQS),
+                          rng.choice(("adamw_torch", "adamw_8bit")), budget_bytes=BUDGET, role="boundary")
+            key = (c.arch, c.targets, c.lora_r, c.grad_checkpointing, c.batch, c.seq_len, c.optimizer)
+            ratio = estimate(shape, c.query()).planned_bytes * (1 + RESERVE_FRACTION["train"]) / (BUDGET - ASSUMED_CONTEXT)
+            side = below if ratio <= 1.0 else above
+            if key in seen or c in below + above or not FRESH_RATIO[0] <= ratio <= FRESH_RATIO[1] \
+                    or len(side) >= per_family // 2:
+                continue
+            side.append(c)
+        out += [c for pair in zip(below, above) for c in pair]  # a run cut short keeps both sides
+    return out
+
+
+def fresh_jobs() -> list[dict]:
+    """Most valuable first: Mistral's checkpointed batch-2 steps and its boundary cases (they start
+    once its checkpoint is saved; the small families' cases fill the slots meanwhile), then the
+    other families' boundary cases, interleaved by family."""
+    seen = committed_settings()
+    rng = random.Random(2728)
+    mistral = SETS["fresh"][0]
+    b2 = [TrainCase(mistral, "nf4-dq", t, r, True, 2, seq, "adamw_torch") for t, r, seq in FRESH_MISTRAL_B2]
+    b2 = [c for c in b2 if (c.arch, c.targets, c.lora_r, True, 2, c.seq_len, c.optimizer) not in seen]
+    boundary = fresh_boundary_cases(rng, seen)
+    first = [c for c in boundary if c.arch == mistral]
+    rest = [c for c in boundary if c.arch != mistral]
+    per_arch = [[c for c in rest if c.arch == a] for a in SETS["fresh"][1:]]
+    rest = [c for group in zip(*per_arch) for c in group] + [c for g in per_arch for c in g[min(map(len, per_arch)):]]
+    return [train_job(c) for c in interleave(b2, first) + rest]
+
+
+def case_verdict(case: TrainCase) -> str:
+    """The estimate and plan --train's verdict of a case, one line (for --list)."""
+    from harness.memory.budget import default_headroom, fits
+    from harness.memory.estimate import estimate
+    from harness.memory.shape import model_shape
+
+    est = estimate(model_shape(case.arch), case.query())
+    line = f"predicted {est.peak_bytes / 2**30:.2f} GiB"
+    if case.budget_bytes:
+        ok = fits(est.planned_bytes, case.budget_bytes, ASSUMED_CONTEXT, default_headroom("train"))
+        line += f", planned {est.planned_bytes / 2**30:.2f} GiB: {'fits' if ok else 'does not fit'} 6 GiB"
+    return line
+
+
 def smoke_jobs(job_set: str) -> list[dict]:
     tiny = TrainCase("qwen2.5-0.5b", "bf16", "attn", 8, True, 1, 32, "adamw_torch", steps=1)
     if job_set != "mistral-moe":
@@ -221,6 +306,8 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
         return smoke_jobs(job_set)
     if job_set == "mistral-moe":
         return mistral_moe_jobs()
+    if job_set == "fresh":
+        return fresh_jobs()
     rng = random.Random(27)
     boundary = [train_job(c) for c in boundary_cases(rng, 6)]
     first = snapshot_jobs()
@@ -426,7 +513,8 @@ def main(argv=None) -> int:
     jobs = all_jobs(args.smoke, args.set)
     if args.list:
         for j in jobs:
-            print(f"{j['name']}  claim {j['claim'] / 2**30:.1f} GiB")
+            verdict = f"  {case_verdict(TrainCase(**j['case']))}" if j["kind"] == "train" else ""
+            print(f"{j['name']}  claim {j['claim'] / 2**30:.1f} GiB{verdict}")
         return 0
     deadline = T0 + args.time_limit_s
     out = Path(args.out)

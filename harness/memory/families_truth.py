@@ -18,7 +18,9 @@ from typing import Any
 FAMILIES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "vram" / "measured-families"
 # the second run (benchmarks/vram/families.py --set mistral-moe): Mistral-7B v0.3 and Qwen3-30B-A3B
 FAMILIES_DIR_2 = FAMILIES_DIR.parent / "measured-families-2"
-FAMILIES_DIRS = (FAMILIES_DIR, FAMILIES_DIR_2)
+# the third (--set fresh): out-of-sample checks of the recomputed-layer model; read when unpacked there
+FAMILIES_DIR_3 = FAMILIES_DIR.parent / "measured-families-3"
+FAMILIES_DIRS = (FAMILIES_DIR, FAMILIES_DIR_2, FAMILIES_DIR_3)
 # never used to fit a coefficient (benchmarks/vram/families.py FIT_EXCLUDED); phi-4-mini's training
 # error without checkpointing led to one structural correction read from torch's SDPA code (the fused
 # qkv is not kept alive when K/V are repeated, estimate.saved_activations), so that figure is not blind
@@ -39,7 +41,8 @@ GEN_MEASURED = {"weights": ("weights",), "KV cache": ("kv_cache",), "activations
 
 def row_files(directory: Path | None = None) -> list[Path]:
     """The run's row files: DIR/rows/*.json, or DIR/<run>/rows/*.json when the packed output
-    (families-out/...) was unpacked as it is. No directory: both committed runs (FAMILIES_DIRS)."""
+    (families-out/...) was unpacked as it is. No directory: every committed run (FAMILIES_DIRS; one
+not there yet adds nothing)."""
     if directory is None:
         return [p for d in FAMILIES_DIRS for p in row_files(d)]
     dirs = [directory / "rows"] + sorted(directory.glob("*/rows"))
