@@ -60,15 +60,35 @@ def test_starts_and_refusals_are_predicted():
 
 
 def test_kv_cache_tokens_within_the_goal():
+    """Issue 24's goal over every committed start-up: median <= 1%, worst <= 3%."""
     errors = {i: abs(c.error) * 100 for i, c in CHECKS.items() if c.logged_tokens}
     assert len(errors) >= 6
     assert statistics.median(errors.values()) <= 1.0, errors
-    # The issue's goal is <= 3% worst; at a 6 GiB card's share the plan is 7.6% over (0.17 GiB of
-    # 2.23, in both holds and at 4k and 32k): V2's "Model loading" is 0.11 GiB above the parameters
-    # (already at its peak right after loading the weights, by the debug log of hold 2's s02) and
-    # its profile peak 0.06 GiB above the MLP term, neither found in vLLM's source yet
-    # (docs/gpu.md). Guarded, not hidden.
-    assert max(errors.values()) <= 8.0, errors
+    assert max(errors.values()) <= 3.0, errors
+
+
+_USAGE = re.compile(r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak activation")
+
+
+def test_model_loading_is_what_vllm_logged():
+    """The weights term against "Model loading took" (2 decimals): the parameters plus the caching
+    allocator's slack under the max_split_size_mb:20 vLLM 0.26 loads with (harness/memory/vllm_alloc.py):
+    3.02 GiB bf16 and 1.12 GiB W4A16, 0.11 and 0.02 above the tensors."""
+    for rec in STARTUPS:
+        logged = rec["logged"]["model_loading_gib"]
+        assert abs(CHECKS[rec["id"]].plan.weights_bytes / 2**30 - logged) < 0.0101, rec["id"]
+
+
+def test_eager_profile_peak_is_what_vllm_logged():
+    """The activation term against the logged peak of eager starts (the compiled ones' profile also
+    compiles): the MLP, the layer's input the model's loop holds, and cuBLAS's workspace (bf16)."""
+    seen = 0
+    for rec in STARTUPS:
+        m = _USAGE.search(" ".join(rec["key_lines"]))
+        if m and rec["flags"].get("enforce_eager"):
+            seen += 1
+            assert abs(CHECKS[rec["id"]].plan.activation_bytes / 2**30 - float(m.group(2))) < 0.0051, rec["id"]
+    assert seen >= 3
 
 
 @pytest.mark.skipif(not DATA.get("bench"), reason="the bench step did not run in the hold")

@@ -53,6 +53,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .gpus import Gpu
+from .vllm_alloc import cublas_workspace_bytes, load_slack_bytes
 from .vllm_model import ModelFacts, model_facts  # noqa: F401  (model_facts: re-exported for callers)
 
 GiB = 1024**3
@@ -315,17 +316,33 @@ def weights_bytes(facts: ModelFacts, s: EngineSettings) -> int:
     pad_rows = facts.padded_vocab - facts.vocab
     base += pad_rows * facts.hidden * s.act_bytes * (1 if facts.tied else 2)
     rope = facts.max_position * facts.rotary_dim * s.act_bytes
-    return int(base + rope)
+    slack = load_slack_bytes(facts, s.quantization, s.act_bytes) if _load_max_split(s) else 0
+    return int(base + rope + slack)
 
 
-def activation_bytes(facts: ModelFacts, s: EngineSettings, gpu: Gpu) -> int:
+def _load_max_split(s: EngineSettings) -> bool:
+    """0.26's Worker.load_model loads under max_split_size_mb:20 (vllm_alloc); the releases before
+    were not read for it, and from 0.27 what is counted is measured another way."""
+    return s.engine == "v1" and s.regime == "profiled" and s.version >= (0, 26)
+
+
+def activation_bytes(facts: ModelFacts, s: EngineSettings, gpu: Gpu, eager: bool = False) -> int:
     T, a = s.max_num_batched_tokens, s.act_bytes
     forward = T * (3 * facts.hidden + 3 * facts.intermediate) * a
+    workspace = 0
+    if s.runner == "v2" and s.regime == "profiled":
+        # Eager: the model's layer loop (Qwen2Model.forward) holds each layer's input hidden
+        # states until the layer returns, through its MLP. cuBLAS's workspace is allocated at
+        # the first cuBLAS call, inside the profile: in the forward when the linears are
+        # unquantized, else in the sampler's lm_head.
+        forward += T * facts.hidden * a if eager else 0
+        workspace = cublas_workspace_bytes(gpu.compute_capability)
+        forward += workspace if s.quantization == "none" else 0
     dequantizes = s.quantization == "bitsandbytes" or (
         s.quantization in ("awq", "gptq") and not gpu.has_marlin and T >= 256)
     if dequantizes:
         forward += facts.largest_linear * 2
-    sampler = T * facts.hidden * a + s.profile_requests * facts.padded_vocab * SAMPLER_BYTES[s.sampler]
+    sampler = T * facts.hidden * a + s.profile_requests * facts.padded_vocab * SAMPLER_BYTES[s.sampler] + workspace
     return int(max(forward, sampler))
 
 
@@ -384,7 +401,7 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, EngineSettings]:
     lora = q.enable_lora
     weights = q.weights_bytes if q.weights_bytes is not None else weights_bytes(facts, s)
     lora_bytes = lora_slot_bytes(facts, q.max_lora_rank, q.max_loras, s.act_bytes) if lora else 0
-    act = activation_bytes(facts, s, q.gpu)
+    act = activation_bytes(facts, s, q.gpu, q.enforce_eager)
     graphs = 0 if q.enforce_eager else CUDA_GRAPH_BYTES
     notes: list[str] = [n for n in (version_note(s.version),) if n]
     if facts.not_modelled:
