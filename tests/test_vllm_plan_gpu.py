@@ -129,7 +129,7 @@ def test_the_model_runner_is_the_one_vllm_picks(version, arch, config_extra, v2)
 
 
 def test_served_quantized_checkpoints_answer_with_exact_tokens():
-    """The quantize chain's GPTQ W4A16, served by the GPU vLLM (Marlin), answered every probe request
+    """The quantize chain's GPTQ W4A16, served by the GPU vLLM (Machete, by its log), answered every probe request
     with exactly its prompt and output tokens (usage, the server's counters and the tokenizer agree)."""
     probes = {r["id"]: r["token_probe"] for r in HOLD2["startups"] if r.get("token_probe")}
     assert probes, "no served start-up was probed"

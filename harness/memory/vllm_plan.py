@@ -7,7 +7,8 @@ vLLM sizes its KV cache once, at start-up (read from its source, per version ran
 
 - weights: "Model loading took" (the allocator's growth while loading: parameters at the load
   dtype or packed quantized tensors, the vocabulary padded to 64 rows, the rotary cos/sin cache,
-  and in V1 the LoRA slots).
+  and in V1 the LoRA slots); in 0.26 the allocator's slack too, as vLLM loads under
+  max_split_size_mb:20 (vllm_alloc.py: 0.11 GiB on a bf16 qwen2.5-1.5b).
 - activation: the allocator's peak during one dummy forward over `max_num_batched_tokens` tokens
   spread over `max_num_seqs` requests, then the dummy sampler over one row of logits per request.
   Forward: the MLP holds residual, normed input, gate_up (2I), act (I) and down's output at once:
@@ -21,7 +22,9 @@ vLLM sizes its KV cache once, at start-up (read from its source, per version ran
   the logits in the model's dtype (0.26.0 on the H200: 1024 x 151936 logits and a 0.54 GiB peak,
   below their fp32 copy alone). Kernels that dequantize a whole weight (AWQ/GPTQ before
   sm80, bitsandbytes) add the largest layer in fp16. The larger of forward and sampler counts:
-  the forward's tensors are freed before the sampler runs, except the hidden states.
+  the forward's tensors are freed before the sampler runs, except the hidden states. The V2
+  runner's eager profile (0.26.0's source, logged on the H200) also holds each layer's input
+  through its MLP (T x h) and allocates cuBLAS's workspace in it.
 - non-torch and what else is counted depends on the version (see REGIMES below).
 - CUDA graphs are captured after the KV cache is allocated; from 0.20 the V1 model runner first
   estimates their memory and subtracts it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default);
