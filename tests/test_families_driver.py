@@ -120,6 +120,7 @@ def test_the_fresh_set_checks_new_settings_on_both_sides_of_the_verdict(driver):
     """--set fresh: >= 20 boundary cases never run before, about half predicted to fit, over the
     five new families, and Mistral's checkpointed batch-2 steps at new settings, Mistral first."""
     jobs = driver.all_jobs(job_set="fresh")
+    assert [j["kind"] for j in jobs[:2]] == ["snapshot-train", "snapshot-train"]
     cases = [TrainCase(**j["case"]) for j in jobs]
     seen = driver.committed_settings()
     assert all((c.arch, c.targets, c.lora_r, c.grad_checkpointing, c.batch, c.seq_len, c.optimizer) not in seen
@@ -131,4 +132,4 @@ def test_the_fresh_set_checks_new_settings_on_both_sides_of_the_verdict(driver):
     assert {c.arch for c in boundary} == set(driver.SETS["fresh"])
     b2 = [c for c in cases if c.role == "matrix"]
     assert len(b2) >= 3 and all(c.arch == "mistral-7b-v0.3" and c.batch == 2 and c.grad_checkpointing for c in b2)
-    assert cases[0].arch == "mistral-7b-v0.3" and len({j["name"] for j in jobs}) == len(jobs)
+    assert cases[2].arch == "mistral-7b-v0.3" and len({j["name"] for j in jobs}) == len(jobs)

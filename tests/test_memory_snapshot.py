@@ -66,6 +66,16 @@ def test_peak_is_the_largest_live_total_inside_the_window():
     assert whole["peak_bytes"] == 6000 and whole["window_start"] == 0
 
 
+def test_the_largest_blocks_live_at_the_peak_name_their_code():
+    events = [alloc(1, 1000, LOAD), alloc(3, 100, ATTN), alloc(4, 400, LM_HEAD), alloc(5, 300, []),
+              free(4, 400), alloc(6, 50, OPT)]
+    s = summarise({"device_traces": [events]}, CAUSAL, window="optimizer_steps")
+    blocks = s["peak_blocks"]
+    assert [b["size"] for b in blocks] == [1000, 400, 300, 100]  # live at the peak, made when they were
+    assert blocks[1]["category"] == "logits_loss" and blocks[1]["where"].endswith(":530 forward")
+    assert blocks[2]["category"] == "backward" and blocks[2]["where"] == ""
+
+
 def test_a_trace_that_lost_its_beginning_says_so():
     events = [free(99, 512), alloc(1, 512, ATTN)]
     s = summarise({"device_traces": [events]}, CAUSAL)

@@ -24,8 +24,8 @@ checkpoint) and its `plan --offload` placement run for real under a 6 GiB cap (w
 offloaded layers in host RAM), then Mistral's inference at bf16 and nf4-dq. The MoE cases start
 while Mistral's random checkpoint is still being saved. "fresh", the third
 (benchmarks/vram/measured-families-3/): out-of-sample checks of the recomputed-layer model
-(harness/memory/recompute.py): Mistral-7B's checkpointed batch-2 QLoRA steps at new lengths and
-ranks, and 30 plan --train boundary cases under the 6 GiB card (6 per family: Mistral-7B, Gemma-2,
+(harness/memory/recompute.py): two Mistral-7B steps with the allocator's history (the largest
+blocks at the peak), its checkpointed batch-2 QLoRA steps at new lengths and ranks, and 30 plan --train boundary cases under the 6 GiB card (6 per family: Mistral-7B, Gemma-2,
 Gemma-3, Qwen3, Phi-4-mini; half predicted to fit, within 12% of the verdict), none at a setting a
 committed row ran. `--list` prints the jobs with each case's prediction and verdict.
 """
@@ -225,6 +225,10 @@ FRESH_RATIO = (0.88, 1.12)  # planned x (1 + reserve) / (6 GiB - context): close
 # Mistral-7B checkpointed QLoRA at batch 2, uncapped (the rows the model was read against were
 # 512 x 2 and 256 x 2): (targets, r, seq)
 FRESH_MISTRAL_B2 = (("attn", 16, 384), ("all", 32, 640), ("attn", 8, 896), ("all", 8, 1280), ("attn", 32, 1792))
+# Mistral steps recorded with the allocator's history (the largest blocks live at the peak, by the
+# code that made them): one where the recomputed layer peaks in the attention's backward (long
+# sequence), one where it peaks in the MLP's (short, batch 2): (targets, r, batch, seq)
+FRESH_SNAPSHOTS = (("attn", 8, 1, 2560), ("all", 16, 2, 448))
 
 
 def committed_settings() -> set[tuple]:
@@ -277,7 +281,11 @@ def fresh_jobs() -> list[dict]:
     rest = [c for c in boundary if c.arch != mistral]
     per_arch = [[c for c in rest if c.arch == a] for a in SETS["fresh"][1:]]
     rest = [c for group in zip(*per_arch) for c in group] + [c for g in per_arch for c in g[min(map(len, per_arch)):]]
-    return [train_job(c) for c in interleave(b2, first) + rest]
+    snaps = [TrainCase(mistral, "nf4-dq", t, r, True, b, seq, "adamw_torch", role="snapshot", steps=2)
+             for t, r, b, seq in FRESH_SNAPSHOTS]
+    snap_jobs = [{"kind": "snapshot-train", "arch": c.arch, "case": asdict(c), "claim": claim_bytes(c),
+                  "name": f"snapshot-train-{c.arch}-{c.targets}-r{c.lora_r}-b{c.batch}-s{c.seq_len}"} for c in snaps]
+    return snap_jobs + [train_job(c) for c in interleave(b2, first) + rest]
 
 
 def case_verdict(case: TrainCase) -> str:
@@ -513,7 +521,7 @@ def main(argv=None) -> int:
     jobs = all_jobs(args.smoke, args.set)
     if args.list:
         for j in jobs:
-            verdict = f"  {case_verdict(TrainCase(**j['case']))}" if j["kind"] == "train" else ""
+            verdict = f"  {case_verdict(TrainCase(**j['case']))}" if j["kind"] in ("train", "snapshot-train") else ""
             print(f"{j['name']}  claim {j['claim'] / 2**30:.1f} GiB{verdict}")
         return 0
     deadline = T0 + args.time_limit_s

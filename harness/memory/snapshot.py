@@ -136,8 +136,35 @@ def summarise(snapshot: dict, ranges: Iterable[LineRange] = (), window: str | No
             timeline.append({"event": i, "total": total, **{c: v for c, v in totals.items() if v}})
     return {"events": len(events), "allocations": allocs, "window_start": start, "peak_event": peak_at,
             "peak_bytes": max(peak_total, 0), "peak_by_category": {c: v for c, v in peak_cats.items() if v},
+            "peak_blocks": peak_blocks(events, peak_at, ranges) if peak_at is not None else [],
             "unmatched_frees": unknown_frees, "timeline": timeline,
             "first_event_is_alloc": bool(events) and events[0].get("action") == "alloc"}
+
+
+PEAK_BLOCKS = 40
+
+
+def _where(frames: list[dict]) -> str:
+    """The innermost frame outside torch's own Python (where the model's code made it)."""
+    for f in frames:
+        name = str(f.get("filename", ""))
+        if not (name.startswith("torch/") or "/torch/" in name):
+            return f"{'/'.join(name.split('/')[-2:])}:{f.get('line')} {f.get('name')}"
+    return ""
+
+
+def peak_blocks(events: list[dict], peak_at: int, ranges: Iterable[LineRange] = (), n: int = PEAK_BLOCKS) -> list[dict]:
+    """The `n` largest allocations live at event `peak_at` (replayed again up to it): size,
+    category and the code that made each - what a model of the peak must account for."""
+    live: dict[int, int] = {}
+    for i, e in enumerate(events[:peak_at + 1]):
+        if e.get("action") == "alloc":
+            live[e.get("addr")] = i
+        elif e.get("action") in FREE_ACTIONS:
+            live.pop(e.get("addr"), None)
+    largest = sorted(live.values(), key=lambda i: -int(events[i].get("size", 0)))[:n]
+    return [{"size": int(events[i].get("size", 0)), "category": category(events[i].get("frames") or [], ranges),
+             "where": _where(events[i].get("frames") or []), "event": i} for i in largest]
 
 
 class SnapshotRecorder:
