@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
 import random
+import secrets
 import time
 from dataclasses import dataclass, field, asdict
 from typing import Callable, Sequence
@@ -40,6 +42,9 @@ def client_json_parser() -> str:
 # several worker processes lie on one clock; and exact under any event loop (uvloop's loop.time()
 # is cached per iteration in whole milliseconds).
 _now = time.monotonic
+# unique request ids over worker processes and runs, without a shared counter
+_ID_PREFIX = f"hb-{secrets.token_hex(4)}"
+_IDS = itertools.count()
 
 
 @dataclass
@@ -78,6 +83,7 @@ class RequestRecord:
     requested_input_tokens: int = 0
     finish_reason: str | None = None
     output_text: str = ""
+    request_id: str | None = None  # sent as X-Request-Id: a server's own stamps match it (http_ttft.py)
 
     @property
     def ok(self) -> bool:
@@ -203,10 +209,12 @@ async def send_one(
     record.expected_output_tokens = spec.output_tokens
     done = False
     pieces: list[str] = []
+    record.request_id = record.request_id or f"{_ID_PREFIX}-{next(_IDS)}"
+    headers = {"X-Request-Id": record.request_id}
     record.sent_s = _now() - t0
     try:
         async with asyncio.timeout(target.timeout_s):
-            async with session.post(target.base_url + path, json=request_body(target, spec)) as resp:
+            async with session.post(target.base_url + path, json=request_body(target, spec), headers=headers) as resp:
                 record.status = resp.status
                 if resp.status >= 300:
                     record.error = f"http_{resp.status}"

@@ -285,6 +285,17 @@ def amx_env(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(AMX_SITE), os.environ.get("PYTHONPATH")) if p)}
 
 
+HTTP_TTFT_MIDDLEWARE = "harness.serving.http_ttft.HttpTtftMiddleware"
+HARNESS_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the harness package
+
+
+def server_pythonpath(current: str | None) -> str:
+    """The server's PYTHONPATH with the harness importable (for --middleware), after what was there
+    (amx_site's sitecustomize must stay first)."""
+    parts = [p for p in (current or os.environ.get("PYTHONPATH") or "").split(os.pathsep) if p]
+    return os.pathsep.join(parts + ([str(HARNESS_ROOT)] if str(HARNESS_ROOT) not in parts else []))
+
+
 @contextlib.contextmanager
 def launch_vllm(
     python: str | Path,
@@ -295,8 +306,10 @@ def launch_vllm(
     log_dir: Path | None = None,
     startup_timeout_s: float = 600.0,
     served_model_name: str | None = None,
+    http_ttft: bool = False,
 ) -> Iterator[ServerProcess]:
-    """vLLM's OpenAI server from interpreter `python` (its own venv), on 127.0.0.1:<free port>."""
+    """vLLM's OpenAI server from interpreter `python` (its own venv), on 127.0.0.1:<free port>.
+    `http_ttft`: add the harness's middleware that stamps the TTFT at the HTTP layer (http_ttft.py)."""
     python = Path(python)
     if not python.exists():
         raise ServerStartError(f"vLLM interpreter {python} does not exist")
@@ -305,8 +318,12 @@ def launch_vllm(
                "--host", "127.0.0.1", "--port", str(port), *flags]
     if served_model_name:
         command += ["--served-model-name", served_model_name]
+    if http_ttft:
+        command += ["--middleware", HTTP_TTFT_MIDDLEWARE]
     full_env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                 "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **gpu_env(python), **amx_env(), **(env or {})}
+    if http_ttft:
+        full_env["PYTHONPATH"] = server_pythonpath(full_env.get("PYTHONPATH"))
     log_path = None
     if log_dir is not None:
         log_path = Path(log_dir) / f"vllm-{port}.log"

@@ -14,7 +14,7 @@ import aiohttp
 
 from .. import __version__
 from ..errors import CheckFailed, UsageError
-from . import capacity, hostload, metrics, prompts, results
+from . import capacity, hostload, metrics, prompts, results, server_stamps
 from .client import LoadResult, RequestSpec, Target, client_json_parser, make_session, run_load
 from .stats import SLO, summarize_run
 from . import sweep
@@ -276,6 +276,7 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int, w
     n_workers = cfg.workers or default_workers(hostload.cores(), hostload.background(idle)["background_runnable"])
     check = _capacity_check(cfg, level, rate, n_workers, warm, machine or {}) if rep == 0 else None
     server = hostload.server_pids(cfg.target.base_url)
+    stamps_after = await server_stamps.cursor(session, cfg.target.base_url)  # None: no http_ttft middleware
     cpu_before = hostload.cpu_times(server, {os.getpid()})
     try:
         if n_workers > 1:
@@ -310,6 +311,9 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int, w
     )
     if check:
         run["client_capacity"] = check
+    if stamps_after is not None:
+        stamps = await server_stamps.fetch(session, cfg.target.base_url, stamps_after)
+        run["server_http_ttft"] = server_stamps.summarize(load.records, load.t0, stamps)
     return run
 
 

@@ -314,6 +314,7 @@ def _compact(r: RequestRecord) -> dict:
         "prompt_tokens": r.prompt_tokens,
         "completion_tokens": r.completion_tokens,
         "finish_reason": r.finish_reason,
+        "request_id": r.request_id,
         "ttft_ms": None if r.ttft_s is None else 1000 * r.ttft_s,
         "e2e_ms": 1000 * r.e2e_s,
     }

@@ -33,7 +33,9 @@ KINDS = {
     "old": ("baseline_vllm_python", BASE_FLAGS),
     "new": ("vllm_python", BASE_FLAGS),
     "new-max-num-seqs-1": ("vllm_python", ["--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--max-num-seqs", "1"]),
+    "new-http-ttft": ("vllm_python", BASE_FLAGS),  # with the harness's HTTP-layer TTFT middleware
 }
+HTTP_TTFT_KINDS = {"new-http-ttft"}
 # The gate's workload: small enough for CI, with enough requests for a per-request bootstrap.
 GATE_WORKLOAD = Workload(input_len=64, output_len=16, num_prompts=24, seed=7)
 GATE_CONCURRENCY = 4
@@ -114,7 +116,8 @@ class ServerPool:
             pytest.skip(f"no vLLM interpreter for the {kind!r} server ({python_attr.replace('_', '-')} not set, venv missing)")
         self._stack = contextlib.ExitStack()
         process = self._stack.enter_context(launch_vllm(python, self.model_dir, flags, log_dir=self.log_dir,
-                                                        served_model_name=self.model_dir.name))
+                                                        served_model_name=self.model_dir.name,
+                                                        http_ttft=kind in HTTP_TTFT_KINDS))
         self.started.append(kind)
         self._current = Served(kind, process.base_url, self.model_dir.name, self.model_dir, process)
         record_kv_plan(self.log_dir.parent / "kv_plan.json", kind, process, self.model_dir, self.gpu)

@@ -1,0 +1,75 @@
+"""The bench's side of http_ttft.py: read the server's HTTP-layer stamps of a run and set them
+beside the client's, request by request (matched by X-Request-Id).
+
+The per-request difference client TTFT - server HTTP TTFT is the client's own error (its send
+path, the network, its parsing and its event loop's lateness). On the same kernel (same boot_id)
+both clocks are time.monotonic(), so the difference splits into the send side (server arrival -
+client send) and the receive side (client's first token - server's first send).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Sequence
+
+import aiohttp
+
+from .client import RequestRecord
+from .http_ttft import PATH
+from .stats import summary
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+async def fetch(session: aiohttp.ClientSession, base_url: str, after: int = 0) -> dict | None:
+    """The middleware's stamps after sequence number `after`; None where the server has none."""
+    try:
+        async with asyncio.timeout(10):
+            async with session.get(f"{base_url}{PATH}?after={after}") as resp:
+                if resp.status != 200:
+                    return None
+                data = await resp.json(content_type=None)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("requests"), list) else None
+
+
+async def cursor(session: aiohttp.ClientSession, base_url: str) -> int | None:
+    """The server's latest sequence number (stamps after it belong to what comes next)."""
+    data = await fetch(session, base_url, after=2**62)
+    return data.get("seq") if data else None
+
+
+def summarize(records: Sequence[RequestRecord], t0: float, data: dict | None) -> dict | None:
+    """The run's server HTTP TTFT beside the client's, with the client's excess per request."""
+    if not data:
+        return None
+    stamps = {s.get("request_id"): s for s in data["requests"] if s.get("request_id")}
+    same_clock = data.get("boot_id") is not None and data.get("boot_id") == _boot_id()
+    server, excess, send, receive = [], [], [], []
+    for r in records:
+        s = stamps.get(r.request_id)
+        if not r.ok or s is None or s.get("ttft_s") is None or r.ttft_s is None:
+            continue
+        server.append(s["ttft_s"])
+        excess.append(r.ttft_s - s["ttft_s"])
+        if same_clock:
+            send.append(s["arrival_s"] - (t0 + r.sent_s))
+            receive.append(t0 + r.first_token_s - s["first_token_s"])
+    ok = sum(1 for r in records if r.ok)
+    return {
+        "definition": "server: ASGI request arrival -> first response chunk carrying a token (http_ttft.py); "
+                      "client_excess: client TTFT - server HTTP TTFT, per request",
+        "requests_ok": ok, "matched": len(server),
+        "ttft_ms": summary(server),
+        "client_excess_ms": summary(excess) | {"min": min(excess) * 1000 if excess else None},
+        "same_clock": same_clock,
+        "send_delay_ms": summary(send) if same_clock else None,
+        "receive_delay_ms": summary(receive) if same_clock else None,
+    }

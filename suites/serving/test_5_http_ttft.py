@@ -1,0 +1,65 @@
+"""The server's TTFT at its HTTP layer (harness/serving/http_ttft.py) on a real vLLM: the
+middleware loads through --middleware, stamps every request the bench sends, its histogram is on
+the server's /metrics, and per request the server's HTTP TTFT is within the client's, so the
+client's own error (client TTFT - server HTTP TTFT) is measured, small at concurrency 1.
+Last in file order: it needs its own server (the pool keeps one at a time)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from harness.atomic import write_json
+from harness.serving.workload import Workload
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+WORKLOAD = Workload(input_len=64, output_len=16, num_prompts=12, seed=11)
+# The client's excess at c=1 on an idle server: its send path, loopback and parsing, a few ms
+# on a busy 2-core box; a fifth of the TTFT would be a client worth no figure at all.
+EXCESS_P50_MAX_MS, EXCESS_SHARE_MAX = 15.0, 0.2
+
+
+def _per_request(results: dict, base_url: str) -> list[tuple[float, float]]:
+    """(client TTFT, server HTTP TTFT) in seconds for every ok request, matched by request id."""
+    with urllib.request.urlopen(base_url + "/harness/http_ttft", timeout=10) as r:
+        stamps = {s["request_id"]: s for s in json.load(r)["requests"] if s.get("request_id")}
+    pairs = []
+    for run in results["runs"]:
+        for req in run["requests"]:
+            if req["error"] is None:
+                s = stamps.get(req["request_id"])
+                assert s is not None and s.get("ttft_s") is not None, f"no server stamp for {req['request_id']}"
+                pairs.append((req["ttft_ms"] / 1000, s["ttft_s"]))
+    return pairs
+
+
+def test_http_ttft_middleware_measures_the_client(server_pool, bench, serving_dir):
+    served = server_pool.use("new-http-ttft")
+    results = bench(served, WORKLOAD, [1, 4], out=serving_dir / "http-ttft.json", warmup=2)
+    pairs = _per_request(results, served.base_url)
+    assert len(pairs) == 2 * WORKLOAD.num_prompts
+    late = [(c, s) for c, s in pairs if s > c]
+    assert not late, f"server HTTP TTFT past the client's for {len(late)} requests: {late[:3]}"
+    summary = {}
+    for run in results["runs"]:
+        h = run["server_http_ttft"]
+        assert h["matched"] == run["requests_ok"] == WORKLOAD.num_prompts, h
+        assert h["same_clock"] and h["send_delay_ms"]["max"] >= 0 <= h["receive_delay_ms"]["p50"], h
+        summary[f"c={run['concurrency']}"] = {
+            "client_ttft_p50_ms": run["ttft_ms"]["p50"], "server_http_ttft_p50_ms": h["ttft_ms"]["p50"],
+            "vllm_histogram_ttft_mean_ms": (run.get("server_metrics") or {}).get("ttft_mean_ms"),
+            "client_excess_ms": h["client_excess_ms"], "send_delay_ms": h["send_delay_ms"],
+            "receive_delay_ms": h["receive_delay_ms"]}
+    write_json(serving_dir / "http-ttft-summary.json", summary, indent=1)
+    c1 = results["runs"][0]
+    excess = c1["server_http_ttft"]["client_excess_ms"]["p50"]
+    assert excess <= max(EXCESS_P50_MAX_MS, 0), summary
+    assert excess <= EXCESS_SHARE_MAX * c1["ttft_ms"]["p50"], summary
+    with urllib.request.urlopen(served.base_url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    count = next((float(line.split()[-1]) for line in text.splitlines()
+                  if line.startswith("harness:http_ttft_seconds_count")), 0.0)
+    assert count >= len(pairs), "harness:http_ttft_seconds missing from /metrics or short"
