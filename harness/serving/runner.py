@@ -329,6 +329,10 @@ def _run_line(run: dict) -> str:
         text += f", prompt {p['actual_mean']:.0f}/{p['requested_mean']:.0f} tokens"
         if not p["valid"]:
             text += " [INVALID: prompt lengths missed the request]"
+    http = run.get("server_http_ttft") or {}
+    if (http.get("ttft_ms") or {}).get("p50") is not None:
+        text += (f", server HTTP TTFT p50 {http['ttft_ms']['p50']:.1f} ms (client excess p50 "
+                 f"{http['client_excess_ms']['p50']:.2f} ms)")
     if run.get("workers", 1) > 1:
         text += f", {run['workers']} client workers"
     for failure in run.get("worker_failures") or ():
