@@ -1,5 +1,5 @@
-"""The issue-27 figures from the committed H200 runs (benchmarks/vram/measured-families/ and
-measured-families-2/), recomputed with the estimator as it is now: per family the median / worst /
+"""The issue-27 figures from the committed H200 runs (benchmarks/vram/measured-families/,
+measured-families-2/ and, once unpacked there, measured-families-3/), recomputed with the estimator as it is now: per family the median / worst /
 worst-under error of inference and of training (checkpointing on and off apart), plan --train
 against real OOM under 6 GiB (all and per family), plan --offload against a real offloaded run,
 and the snapshot cases' memory picture, predicted beside measured.
@@ -22,7 +22,7 @@ from harness.memory import families_truth as T  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default=None, help="one run's directory (default: both committed runs)")
+    ap.add_argument("--dir", default=None, help="one run's directory (default: every committed run)")
     ap.add_argument("--json", default=str(ROOT / "reports" / "vram-families.json"))
     args = ap.parse_args(argv)
     directory = Path(args.dir) if args.dir else None
