@@ -232,10 +232,12 @@ FRESH_SNAPSHOTS = (("attn", 8, 1, 2560), ("all", 16, 2, 448))
 
 
 def committed_settings() -> set[tuple]:
-    """(arch, targets, r, checkpointing, batch, seq, optimizer) of every committed training row."""
+    """(arch, targets, r, checkpointing, batch, seq, optimizer) of every training row of the runs
+    before this one (the first two: what the model was read against), so the set stays the same
+    once its own rows are committed."""
     from harness.memory import families_truth as T
 
-    rows = T.load_rows()["train"]
+    rows = [r for d in (T.FAMILIES_DIR, T.FAMILIES_DIR_2) for r in T.load_rows(d)["train"]]
     return {(r["arch"], r["targets"], r["lora_r"], r["grad_checkpointing"], r["batch"], r["seq_len"], r["optimizer"])
             for r in rows}
 
