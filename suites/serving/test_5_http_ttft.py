@@ -17,9 +17,10 @@ from harness.serving.workload import Workload
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 WORKLOAD = Workload(input_len=64, output_len=16, num_prompts=12, seed=11)
-# The client's excess at c=1 on an idle server: its send path, loopback and parsing, a few ms
-# on a busy 2-core box; a fifth of the TTFT would be a client worth no figure at all.
-EXCESS_P50_MAX_MS, EXCESS_SHARE_MAX = 15.0, 0.2
+# The client's excess at c=1: its send path, loopback and parsing; 1.0 ms p50 on the 2-core box,
+# up to ~9 ms there while another test run hogged both cores. Not a share of the TTFT: a GPU
+# serving the tiny model answers in a few ms.
+EXCESS_P50_MAX_MS = 10.0
 
 
 def _per_request(results: dict, base_url: str) -> list[tuple[float, float]]:
@@ -56,8 +57,7 @@ def test_http_ttft_middleware_measures_the_client(server_pool, bench, serving_di
     write_json(serving_dir / "http-ttft-summary.json", summary, indent=1)
     c1 = results["runs"][0]
     excess = c1["server_http_ttft"]["client_excess_ms"]["p50"]
-    assert excess <= max(EXCESS_P50_MAX_MS, 0), summary
-    assert excess <= EXCESS_SHARE_MAX * c1["ttft_ms"]["p50"], summary
+    assert 0 <= excess <= EXCESS_P50_MAX_MS, summary
     with urllib.request.urlopen(served.base_url + "/metrics", timeout=10) as r:
         text = r.read().decode()
     count = next((float(line.split()[-1]) for line in text.splitlines()
