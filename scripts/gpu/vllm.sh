@@ -6,7 +6,8 @@
 #                                         tree.tgz) and, with SECOND, .vp2/: the upgrade rehearsal's
 #                                         baseline beside VERSION (only the wheels VERSION lacks)
 #   scripts/gpu/vllm.sh calls             print the device calls to make, back to back, one per line:
-#                                         carry=<paths> | command
+#                                         carry=<paths> | command (FAMILIES_SET: the first call's families
+#                                         job set, default fresh)
 # VERSION: 0.26.0 (default; the newest that pins the machine's torch 2.11.0); SECOND: 0.25.1 (the
 # rehearsal's baseline: deps-0.25.1.txt, resolved by vllm_resolve_deps.sh).
 # .vp/, .vp2/ and .vx/ must be ignored (.git/info/exclude): what is not ignored travels with every call.
@@ -38,7 +39,9 @@ case $cmd in
     # the second version's last (small) part rides with the first call
     first=".vx,.whl"; pre=""
     [ ${#two[@]} -gt 0 ] && { first="$first,${two[-1]}"; pre="$d .vp2 && "; }
-    echo "carry=$first | mkdir -p /tmp/snap && tar xzf .vx/tree.tgz -C /tmp/snap && cp -r .vx .whl /tmp/snap/ && $pre$c $s begin"
+    # the families run of the first call (docs/vram.md): FAMILIES_SET here picks its job set
+    fam="FAMILIES_SET=${FAMILIES_SET:-fresh}"
+    echo "carry=$first | mkdir -p /tmp/snap && tar xzf .vx/tree.tgz -C /tmp/snap && cp -r .vx .whl /tmp/snap/ && $pre$c $fam $s begin"
     last=$(ls .vp/part.* | tail -1)
     for p in .vp/part.*; do
       if [ "$p" = "$last" ]; then

@@ -5,7 +5,7 @@
 # Steps:
 #   begin             the first call: extras, families and models (run from /tmp/snap, the tree of
 #                     .vx/tree.tgz: a committed state, not whatever the checkout held at call time)
-#   after-install     the quantize chain's GPTQ and the client's stand-in capacity, both in the background
+#   after-install     the quantize chain's GPTQ and AWQ, in the background
 #   extras            carried .vx/: pytest-html + pytest-metadata -> /tmp/site, llm-compressor -> /tmp/lcsite
 #   families          .whl/ (bitsandbytes) -> /tmp/site, then scripts/gpu/families.sh in the background
 #                     (setsid, from a snapshot of the tree, FAMILIES_OUT=/tmp/families-out)
@@ -19,6 +19,7 @@
 #   suite             pytest suites/serving with the harness starting this vLLM itself (--vllm-python)
 #   pipeline          the GPU steps after the install, one after the other in the background (setsid), so
 #                     that the calls in the meantime can carry the second version: wait-families,
+#                     the client's stand-in capacity (CAPACITY=, empty: skipped) beside the
 #                     startups (PIPELINE_STARTUPS), serving bench, serving gate, suite (with the second
 #                     version as the upgrade baseline when it is installed); progress in /tmp/vres/pipeline.log
 #   poll S            wait up to S seconds for the pipeline (printing its new lines), then pack
@@ -46,8 +47,7 @@ case $step in
     bash "$0" extras && bash "$0" families && bash "$0" models; exit $? ;;
   after-install)
     (GPTQ_TIMEOUT=${GPTQ_TIMEOUT:-240} setsid bash "$0" gptq > $R/gptq.txt 2>&1 < /dev/null &)
-    [ -n "${CAPACITY:-}" ] && (setsid timeout 240 python3 benchmarks/serving/client_capacity.py --out $R/capacity > $R/capacity.txt 2>&1 < /dev/null &)
-    echo "gptq started${CAPACITY:+, and the client capacity benchmark}" ;;
+    echo "gptq started" ;;
   extras)
     pip_target /tmp/site .vx/wheels/*.whl && echo "extras -> /tmp/site"
     pip_target /tmp/lcsite .vx/lc/*.whl && echo "llm-compressor -> /tmp/lcsite"
@@ -70,8 +70,14 @@ case $step in
   pipeline-run)
     stamp() { echo "[$(date +%T)] $*"; }
     stamp "wait-families"; bash "$0" wait-families "${FAMILIES_WAIT_S:-300}" > $R/p-families.txt 2>&1; tail -2 $R/p-families.txt
-    only=${PIPELINE_STARTUPS:-s09,s02,s11,s12,s06}; stamp "startups $only"
-    STARTUPS_ONLY=$only STARTUPS_LIMIT_S=${STARTUPS_LIMIT_S:-320} bash "$0" startups > $R/p-startups.txt 2>&1
+    # the client's stand-in capacity beside the start-ups: they need the GPU quiet, not the CPUs
+    # (16 cores; a start-up uses 2-4), and the families run, which needs both, is over by now
+    [ -n "${CAPACITY:-1}" ] && (setsid timeout ${CAPACITY_LIMIT_S:-240} python3 benchmarks/serving/client_capacity.py \
+      --out $R/capacity > $R/capacity.txt 2>&1 < /dev/null &)
+    # the third hold's out-of-sample start-ups (gpu_startups.py: s14 qwen2.5-0.5b, s13 16k batched
+    # tokens, s15 sampler-bound, s16 CUDA graphs) and the quantize chain's AWQ (s12) served
+    only=${PIPELINE_STARTUPS:-s14,s13,s12,s15,s16}; stamp "startups $only"
+    STARTUPS_ONLY=$only STARTUPS_LIMIT_S=${STARTUPS_LIMIT_S:-240} bash "$0" startups > $R/p-startups.txt 2>&1
     grep -E "^s[0-9]+ |skipped" $R/p-startups.txt | cut -c1-240
     stamp "serving bench"; SERVING_LIMIT_S=${BENCH_LIMIT_S:-400} bash "$0" serving bench > $R/p-bench.txt 2>&1
     grep -E "^c=|Error" $R/p-bench.txt | cut -c1-400
@@ -79,7 +85,7 @@ case $step in
     grep -E "^gate|Error" $R/p-gate.txt | cut -c1-300
     for i in $(seq 1 60); do [ -f /tmp/vsite2/.done ] && break; sleep 1; done
     stamp "suite (baseline: $([ -f /tmp/vsite2/.done ] && echo /tmp/python-vllm2 || echo none))"
-    SUITE_LIMIT_S=${SUITE_LIMIT_S:-330} bash "$0" suite > $R/p-suite.txt 2>&1; grep -E "exit|passed|failed" $R/p-suite.txt | tail -3
+    SUITE_LIMIT_S=${SUITE_LIMIT_S:-360} bash "$0" suite > $R/p-suite.txt 2>&1; grep -E "exit|passed|failed" $R/p-suite.txt | tail -3
     stamp "pipeline done"; touch $R/PIPELINE_DONE ;;
   poll)
     limit=${1:-60}; t=0; off=$(cat $R/.poll_off 2>/dev/null || echo 0)
