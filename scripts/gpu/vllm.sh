@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The real (CUDA) vLLM on a lent GPU machine that has no package registry, and what the harness
 # measures with it (docs/gpu.md, "The GPU vLLM"). Run HERE, from the repo root:
-#   scripts/gpu/vllm.sh parts [VERSION [SECOND]]  build .vp/part.* (vLLM VERSION + deps-VERSION.txt, 59 MiB
-#                                         each), .vx/ (pytest-html/-metadata, llm-compressor 0.14 wheels,
+#   scripts/gpu/vllm.sh parts [VERSION [SECOND]]  build .vp/part.* (vLLM VERSION + deps-VERSION.txt, cut to
+#                                         what the tree leaves of a call's 64 MiB), .vx/ (pytest-html/-metadata, llm-compressor 0.14 wheels,
 #                                         tree.tgz) and, with SECOND, .vp2/: the upgrade rehearsal's
 #                                         baseline beside VERSION (only the wheels VERSION lacks)
 #   scripts/gpu/vllm.sh calls             print the device calls to make, back to back, one per line:
@@ -16,9 +16,17 @@
 set -euo pipefail
 cmd=${1:?parts|calls}; ver=${2:-0.26.0}; second=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
+CALL_BYTES=$((64 * 1024 * 1024))  # what one device call takes: the working tree plus what it carries
+tree_bytes() {  # what travels with every call: tracked files and untracked ones git does not ignore
+  { git ls-files -z; git ls-files -z --others --exclude-standard; } | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1
+}
+size() { du -cb "$@" | tail -1 | cut -f1; }
 case $cmd in
   parts)
     for d in .vp .vp2 .vx; do git check-ignore -q "$d/x" || { echo "$d is not ignored: echo /$d/ >> .git/info/exclude"; exit 2; }; done
+    # a part and the tree travel together: the parts are cut to what the tree leaves, less 2 MiB
+    # for the tree to grow before the hold (the third hold's 58 MiB parts no longer fit beside 6.7 MB)
+    export PART_SIZE=${PART_SIZE:-$(( CALL_BYTES - $(tree_bytes) - 2 * 1024 * 1024 ))}
     bash "$here/vllm_make_parts.sh" .vp "$ver"
     if [ -n "$second" ]; then
       BASE_VERSION=$ver REUSE="xgrammar- nvidia_cutlass_dsl_libs" bash "$here/vllm_make_parts.sh" .vp2 "$second"
@@ -36,16 +44,21 @@ case $cmd in
     n=$(ls .vp/part.* 2>/dev/null | wc -l); [ "$n" -gt 0 ] || { echo "no .vp/part.*: run '$0 parts' first"; exit 2; }
     c="cd /tmp/snap &&"; s="bash scripts/gpu/vllm_steps.sh"; d="bash /tmp/snap/scripts/gpu/vllm_on_device.sh"
     two=(); [ -d .vp2 ] && two=(.vp2/part.*)
-    # the second version's last (small) part rides with the first call
-    first=".vx,.whl"; pre=""
-    [ ${#two[@]} -gt 0 ] && { first="$first,${two[-1]}"; pre="$d .vp2 && "; }
+    last=$(ls .vp/part.* | tail -1)
+    # the second version's last (small) part rides with the first call, or else with the first
+    # version's last part, wherever it fits beside the tree (a call over 64 MiB is refused whole)
+    first=".vx,.whl"; pre=""; with_last=""; pre_last=""; tree=$(tree_bytes)
+    if [ ${#two[@]} -gt 0 ]; then
+      if [ $(( tree + $(size .vx .whl "${two[-1]}") )) -le $CALL_BYTES ]; then first="$first,${two[-1]}"; pre="$d .vp2 && "
+      elif [ $(( tree + $(size "$last" "${two[-1]}") )) -le $CALL_BYTES ]; then with_last=",${two[-1]}"; pre_last="$d .vp2 && "
+      else echo "carry=${two[-1]} | $d .vp2   (the second version's last part: it fits with no other)"; fi
+    fi
     # the families run of the first call (docs/vram.md): FAMILIES_SET here picks its job set
     fam="FAMILIES_SET=${FAMILIES_SET:-fresh}"
     echo "carry=$first | mkdir -p /tmp/snap && tar xzf .vx/tree.tgz -C /tmp/snap && cp -r .vx .whl /tmp/snap/ && $pre$c $fam $s begin"
-    last=$(ls .vp/part.* | tail -1)
     for p in .vp/part.*; do
       if [ "$p" = "$last" ]; then
-        echo "carry=$p,.vp/payload.sha | $d .vp install && $c $s after-install && $s pipeline"
+        echo "carry=$p,.vp/payload.sha$with_last | $pre_last$d .vp install && $c $s after-install && $s pipeline"
       else echo "carry=$p | $d .vp"; fi
     done
     if [ ${#two[@]} -gt 1 ]; then
