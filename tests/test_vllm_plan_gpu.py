@@ -1,9 +1,11 @@
-"""`plan --engine vllm` against real start-ups of the CUDA vLLM 0.26.0 on the lent H200, two holds
-(benchmarks/vllm_plan/measured/h200-vllm-0.26.0.json and -hold2.json, written by gpu_startups.py /
+"""`plan --engine vllm` against real start-ups of the CUDA vLLM 0.26.0 on the lent H200, three holds
+(benchmarks/vllm_plan/measured/h200-vllm-0.26.0.json, -hold2.json and -hold3.json, written by gpu_startups.py /
 gpu_serving.py there and gathered by gpu_collect.py): the plan is recomputed here from each
 start's flags, the card's total memory as CUDA reported it and the model's config.json, and
 compared with the KV cache tokens vLLM logged; the bench, gate and upgrade figures are recomputed
-from their raw rows (the second hold's raw results files: -hold2-raw.tgz)."""
+from their raw rows (the raw results files: -hold2-raw.tgz, -hold3-raw.tgz). The third hold's
+start-ups s12-s16 are out of sample for the 0.26 allocator-slack and eager-profile terms, which were
+read from holds 1-2: they are the held-out test of the plan, not fitted to."""
 
 from __future__ import annotations
 
@@ -22,9 +24,13 @@ MEASURED = MEASURED_DIR / "h200-vllm-0.26.0.json"
 DATA = json.loads(MEASURED.read_text())
 HOLD2 = json.loads((MEASURED_DIR / "h200-vllm-0.26.0-hold2.json").read_text())
 RAW2 = MEASURED_DIR / "h200-vllm-0.26.0-hold2-raw.tgz"
+HOLD3 = json.loads((MEASURED_DIR / "h200-vllm-0.26.0-hold3.json").read_text())
+RAW3 = MEASURED_DIR / "h200-vllm-0.26.0-hold3-raw.tgz"
 # A start cut by the hold's time limit before vLLM decided (outcome "timeout") has no truth to check.
 STARTUPS = [r for r in DATA["startups"] + [{**r, "id": f"{r['id']}-hold2"} for r in HOLD2["startups"]]
-            if r["outcome"] != "timeout"]
+            + [{**r, "id": f"{r['id']}-hold3"} for r in HOLD3["startups"]] if r["outcome"] != "timeout"]
+# the settings no earlier hold had started (the plan's 0.26 terms were read from holds 1-2)
+HELD_OUT = ("s12-hold3", "s13-hold3", "s14-hold3", "s15-hold3", "s16-hold3")
 CHECKS = {rec["id"]: check_gpu_startup(rec) for rec in STARTUPS}
 _LOGGED = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
 
@@ -80,12 +86,13 @@ def test_model_loading_is_what_vllm_logged():
 
 
 def test_eager_profile_peak_is_what_vllm_logged():
-    """The activation term against the logged peak of eager starts (the compiled ones' profile also
-    compiles): the MLP, the layer's input the model's loop holds, and cuBLAS's workspace (bf16)."""
+    """The activation term against the logged peak of eager starts of holds 1-2, where it was read from (the
+    compiled ones' profile also compiles): the MLP, the layer's input the model's loop holds, and cuBLAS's
+    workspace (bf16). Hold 3's are the held-out check below."""
     seen = 0
     for rec in STARTUPS:
         m = _USAGE.search(" ".join(rec["key_lines"]))
-        if m and rec["flags"].get("enforce_eager"):
+        if m and rec["flags"].get("enforce_eager") and not rec["id"].endswith("-hold3"):
             seen += 1
             assert abs(CHECKS[rec["id"]].plan.activation_bytes / 2**30 - float(m.group(2))) < 0.0051, rec["id"]
     assert seen >= 3
@@ -129,10 +136,11 @@ def test_the_model_runner_is_the_one_vllm_picks(version, arch, config_extra, v2)
 
 
 def test_served_quantized_checkpoints_answer_with_exact_tokens():
-    """The quantize chain's GPTQ W4A16, served by the GPU vLLM (Machete, by its log), answered every probe request
-    with exactly its prompt and output tokens (usage, the server's counters and the tokenizer agree)."""
-    probes = {r["id"]: r["token_probe"] for r in HOLD2["startups"] if r.get("token_probe")}
-    assert probes, "no served start-up was probed"
+    """The quantize chain's GPTQ (hold 2) and AWQ (hold 3) W4A16, served by the GPU vLLM (Machete, by its log),
+    answered every probe request with exactly its prompt and output tokens (usage, the server's counters and
+    the tokenizer agree)."""
+    probes = {r["id"]: r["token_probe"] for r in STARTUPS if r.get("token_probe")}
+    assert {"s11-hold2", "s12-hold3"} <= set(probes), sorted(probes)
     for sid, probe in probes.items():
         assert probe["exact"] and probe["requests_ok"] == probe["num_prompts"], (sid, probe)
         assert probe["token_accounting"]["agree"], (sid, probe["token_accounting"])
@@ -183,3 +191,115 @@ def test_hold2_upgrade_rehearsal_verdict():
     assert up["regressed"] is False
     assert {c["metric"] for c in up["changes"]} >= {"ttft_p50", "output_throughput", "server_ttft_mean"}
     assert all(b.startswith("startup") for b in up["behaviours"]), up["behaviours"]
+
+
+def _raw3(tmp_path: Path) -> Path:
+    """machine1/: start-ups s14, s13, s12 (and the bench's s05), the bench, the client's capacity run;
+    machine2/: the gate, start-ups s15, s16 (the first machine was given back while its gate ran)."""
+    with tarfile.open(RAW3) as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path
+
+
+def test_hold3_held_out_startups_within_the_goal():
+    """s12-s16 (AWQ W4A16, the 0.5B model, 16k and 2k batched tokens, CUDA graphs at the 6 GiB share): every
+    start predicted and each within the 3% worst-case goal. s16 is the largest: +2.91%, the compiled
+    profile's peak of a cold torch.compile cache (0.57 GiB logged where s05 started from a warm cache
+    logged 0.51, the modelled 0.51)."""
+    errors = {i: 100 * CHECKS[i].error for i in HELD_OUT}
+    assert all(CHECKS[i].predicted_starts and CHECKS[i].logged_started for i in HELD_OUT)
+    assert all(abs(e) <= 3.0 for e in errors.values()), errors
+    assert statistics.median(abs(e) for e in errors.values()) <= 1.0, errors
+    assert HOLD3["sources"]["startups"] == {"s14": "machine1", "s13": "machine1", "s12": "machine1",
+                                            "s05": "machine1", "s15": "machine2", "s16": "machine2"}
+
+
+def test_hold3_eager_profile_peak_out_of_sample():
+    """The held-out eager starts' logged peak activation (2 decimals) against the plan's term: s12 (AWQ) and
+    s15 (2k batched tokens) inside the log's rounding, s14 (the 0.5B model) 0.3 MiB under it (0.3347 GiB
+    for a logged 0.34); none off by more than 0.01 GiB."""
+    seen = {}
+    for i in HELD_OUT:
+        rec = next(r for r in STARTUPS if r["id"] == i)
+        m = _USAGE.search(" ".join(rec["key_lines"]))
+        if m:  # s13 and s16 were stopped at the KV cache line, before vLLM printed it
+            seen[i] = CHECKS[i].plan.activation_bytes / 2**30 - float(m.group(2))
+    assert set(seen) == {"s12-hold3", "s14-hold3", "s15-hold3"}
+    assert all(abs(d) < 0.01 for d in seen.values()), seen
+
+
+def test_kv_cache_goal_over_all_three_holds():
+    errors = {i: abs(c.error) * 100 for i, c in CHECKS.items() if c.logged_tokens}
+    assert len(errors) == 16 and sum(i.endswith("-hold3") for i in errors) == 6
+    assert statistics.median(errors.values()) <= 1.0 and max(errors.values()) <= 3.0, errors
+    assert all(c.predicted_starts == c.logged_started for c in CHECKS.values())
+
+
+def test_hold3_gate_counts_from_its_files(tmp_path):
+    """The gate's verdicts recomputed from the raw results files with today's compare: 17 A and 5 B
+    benches (bench 23 did not fit the 300 s), so 8 A/A pairs, not 10; the harness's policy calls no A/A
+    regression and every A/B one; vllm-ci 3 of 8 A/A."""
+    import sys
+
+    sys.path.insert(0, str(MEASURED_DIR.parent))
+    from gpu_serving import gate_table
+
+    gate = _raw3(tmp_path) / "machine2" / "gate"
+    a, b = sorted(gate.glob("A-*.json")), sorted(gate.glob("B-*.json"))
+    assert (len(a), len(b)) == (17, 5)
+    result = gate_table(a, b, pairs=10)
+    assert result["table"] == HOLD3["gate"]["table"] and result["pairs"] == HOLD3["gate"]["pairs"]
+    counts = {(r["comparison"], r["policy"]): (r["regressed"], r["pairs"]) for r in result["table"]}
+    assert counts == {("A/A", "harness"): (0, 8), ("A/A", "vllm-ci"): (3, 8),
+                      ("A/B", "harness"): (5, 5), ("A/B", "vllm-ci"): (5, 5)}
+
+
+def _pct(xs, q):
+    from harness.serving.stats import percentile
+
+    return percentile(list(xs), q)
+
+
+def test_hold3_bench_table_from_the_raw_files(tmp_path):
+    """Each level of the bench recomputed from the raw results files: the harness's TTFT p50/p99, output
+    tok/s and schedule lag from its per-request records; vllm bench serve's from its per-request ttfts;
+    the server's HTTP-layer TTFT p50 and each client's excess over it as the harness's results file
+    recorded them. Neither client was client-bound, every request of both was matched to the server's
+    stamps, and the harness's excess p50 is below vllm bench's at every level."""
+    runs = _raw3(tmp_path) / "machine1" / "runs"
+    rows = HOLD3["bench"]["rows"]
+    assert [r["concurrency"] for r in rows] == [1, 16, 64, 128, 256]
+    for row in rows:
+        c, h, v = row["concurrency"], row["harness"], row["vllm"]
+        run = json.loads((runs / f"harness-c{c}.json").read_text())["runs"][0]
+        ok = [q for q in run["requests"] if q["error"] is None]
+        assert len(ok) == row["num_prompts"] == h["server_http_ttft"]["matched"], c
+        ttft = [q["ttft_ms"] for q in ok]
+        assert abs(_pct(ttft, 50) - h["ttft_ms"]["p50"]) < 1e-6 and abs(_pct(ttft, 99) - h["ttft_ms"]["p99"]) < 1e-6
+        lag = [1000 * (q["sent_s"] - q["scheduled_s"]) for q in run["requests"]]
+        assert abs(_pct(lag, 50) - h["schedule_lag_ms"]["p50"]) < 1e-3 and abs(_pct(lag, 99) - h["schedule_lag_ms"]["p99"]) < 1e-3
+        assert abs(sum(q["completion_tokens"] for q in ok) / run["duration_s"] - h["output_throughput"]) < 1e-6
+        assert run["server_http_ttft"]["ttft_ms"] == h["server_http_ttft"]["ttft_ms"]
+        assert run["server_http_ttft"]["client_excess_ms"]["min"] > 0, c  # the server's stamp is inside the client's
+        assert h["client_bound"] is False and h["workers"] == row["harness_workers"], c
+        vb = json.loads((runs / f"vllm-bench-c{c}.json").read_text())
+        vt = [1000 * t for t, err in zip(vb["ttfts"], vb["errors"]) if not err]
+        assert len(vt) == row["num_prompts"] == v["server_http_ttft"]["matched"], c
+        assert abs(_pct(vt, 50) - v["median_ttft_ms"]) < 1e-6 and abs(_pct(vt, 99) - v["p99_ttft_ms"]) < 1e-6
+        assert abs(vb["total_output_tokens"] / vb["duration"] - v["output_throughput"]) < 1e-6
+        assert (h["server_http_ttft"]["client_excess_ms"]["p50"] < v["server_http_ttft"]["client_excess_ms"]["p50"]), c
+        for run_ in (h, v):  # vLLM's histogram: the interpolated p50 inside its bucket, a mean per run
+            lo, hi = run_["server_ttft_p50"]["bucket_ms"]
+            assert lo <= run_["server_ttft_p50"]["ms"] <= hi and run_["server_ttft_mean_ms"] > 0, c
+
+
+def test_hold3_awq_served_with_exact_tokens(tmp_path):
+    """s12: the quantize chain's AWQ W4A16, served by the GPU vLLM (Machete, by its log), answered 16 of 16
+    requests with exactly their 256 prompt and 64 output tokens."""
+    rec = next(r for r in HOLD3["startups"] if r["id"] == "s12")
+    probe = rec["token_probe"]
+    assert rec["model"] == "qwen2.5-1.5b-awq" and rec["outcome"] == "started"
+    assert (probe["requests_ok"], probe["input_tokens"], probe["output_tokens"]) == (16, 16 * 256, 16 * 64)
+    assert probe["exact"] and probe["token_accounting"]["agree"]
+    log = (_raw3(tmp_path) / "machine1" / "startup-logs" / "s12.log").read_text()
+    assert "Using MacheteLinearKernel for CompressedTensorsWNA16" in log
