@@ -8,7 +8,8 @@ below 1 ms, and saves that as this machine's calibration (OUT/client-capacity.js
 `bench` reads to warn before a run that asks more of the client than it can give.
 
 Also times the per-chunk parsing work with orjson and with the standard json module (the client
-uses orjson when it is installed).
+uses orjson when it is installed), and what the client's write trace (RequestRecord.written_s)
+costs per request.
 
 Run:  .venv/bin/python benchmarks/serving/client_capacity.py [--workers 1,2,4,8] [--out reports]
 Writes OUT/client-capacity.{json,md,svg}.
@@ -96,6 +97,52 @@ def parse_speed() -> dict:
     return out
 
 
+def trace_overhead(target: Target, batches: int = 3, requests: int = 200) -> dict:
+    """What the client's write trace (client.write_trace) costs per request. `replay_us`: aiohttp's
+    trace work for one pooled streaming POST replayed in a loop (a Trace and its context; the
+    request-start, connection-reuse, headers-sent, chunk-sent and request-end signals, the URL
+    copies two of them make; the stamp): the added CPU, exactly. `client_cpu_us`: this process's
+    CPU per request (c=4, 1 token) with and without the trace, batches alternated, medians."""
+    from aiohttp.tracing import Trace
+    from multidict import CIMultiDict
+    from yarl import URL
+
+    from harness.serving.client import RequestRecord, make_session, write_trace
+
+    async def replay(n: int) -> float:
+        cfg = write_trace()
+        cfg.freeze()
+        url, headers, rec = URL(target.base_url + "/v1/completions"), CIMultiDict(), RequestRecord(0, 0.0)
+        start = time.perf_counter()
+        for _ in range(n):
+            trace = Trace(None, cfg, cfg.trace_config_ctx(trace_request_ctx=(rec, 0.0)))
+            await trace.send_request_start("POST", url.update_query(None), headers)
+            await trace.send_connection_reuseconn()
+            await trace.send_request_headers("POST", url, headers)
+            await trace.send_request_chunk_sent("POST", url, b"{}")
+            await trace.send_request_end("POST", url.update_query(None), headers, None)
+        return (time.perf_counter() - start) / n * 1e6
+
+    async def batch(traced: bool) -> float:
+        specs = specs_without_tokenizer(Workload(input_len=8, output_len=1, num_prompts=requests))
+        session = make_session(trace=traced)
+        try:
+            start = time.process_time()
+            await run_load(target, specs, concurrency=4, session=session)
+            return (time.process_time() - start) / requests * 1e6
+        finally:
+            await session.close()
+
+    cpu = {True: [], False: []}
+    for _ in range(batches):
+        for traced in (False, True):
+            cpu[traced].append(asyncio.run(batch(traced)))
+    med = {k: sorted(v)[len(v) // 2] for k, v in cpu.items()}
+    return {"replay_us": round(asyncio.run(replay(20000)), 2),
+            "client_cpu_us": {"traced": round(med[True], 1), "untraced": round(med[False], 1)},
+            "batches": {"traced": [round(x, 1) for x in cpu[True]], "untraced": [round(x, 1) for x in cpu[False]]}}
+
+
 def markdown(summary: dict, rows: list[dict]) -> str:
     lines = [f"# Client capacity on {summary['machine']['cpu_model']} ({summary['machine']['cpu_count']} cores)", "",
              summary["setup"], "",
@@ -112,7 +159,13 @@ def markdown(summary: dict, rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"| {r['workers']} | {r['concurrency']} | {r['output_tokens_per_s']:,.0f} | {r['lag_p50_ms']:.3f} | "
                      f"{r['lag_p99_ms']:.3f} | {r['loop_lag_p99_ms']:.2f} | {r['itl_p50_ms']:.1f} | {r['failed']} |")
-    lines += ["", f"Per-chunk parsing: {summary['parse_speed']}", f"Load beside the run: {summary['loadavg']}"]
+    lines += ["", f"Per-chunk parsing: {summary['parse_speed']}"]
+    if summary.get("trace_overhead"):
+        t = summary["trace_overhead"]
+        lines.append(f"Write trace per request: {t['replay_us']} us of aiohttp trace work (replayed); client CPU "
+                     f"per request {t['client_cpu_us']['traced']} us traced, {t['client_cpu_us']['untraced']} us "
+                     f"untraced (c=4, 1 token, medians of {len(t['batches']['traced'])} alternated batches)")
+    lines.append(f"Load beside the run: {summary.get('loadavg_start', '?')} at the start, {summary['loadavg']} at the end")
     return "\n".join(lines) + "\n"
 
 
@@ -132,12 +185,15 @@ def main() -> int:
     worker_counts = [int(x) for x in args.workers.split(",")]
     rows: list[dict] = []
     started = time.time()
+    load_start = Path("/proc/loadavg").read_text().strip() if Path("/proc/loadavg").exists() else None
     with run_standin(ttft_ms=args.ttft_ms, token_interval_ms=args.interval_ms, log_dir=out / "logs",
                      processes=args.standin_processes) as server:
         target = Target(server.base_url, "standin", timeout_s=120)
         for w in worker_counts:
             say(f"client with {w} worker process(es):")
             rows += series(target, w, args.output_len, args.ramp_ms, args.max_concurrency)
+        overhead = trace_overhead(target)
+        say(f"write trace: {overhead}")
     mach = machine()
     by_w = {w: [r for r in rows if r["workers"] == w] for w in worker_counts}
     best_by_w = {w: best(rs) for w, rs in by_w.items()}
@@ -146,7 +202,8 @@ def main() -> int:
         "machine": capacity.machine_key(mach),
         "setup": (f"stand-in (not a model) from {args.standin_processes} process(es): TTFT {args.ttft_ms:g} ms, one token "
                   f"every {args.interval_ms:g} ms, {args.output_len} tokens per request, 2 x concurrency requests per "
-                  f"level, first sends {args.ramp_ms:g} ms apart per slot; lag = actual - scheduled send time"),
+                  f"level, first sends {args.ramp_ms:g} ms apart per slot; lag = actual - scheduled send time; "
+                  f"timed sends wake punctually (client._wake_at: sleep to a selector tick before, then yield)"),
         "tokens_per_s": {str(w): b["output_tokens_per_s"] for w, b in best_by_w.items() if b},
         "tokens_per_s_10ms": {str(w): b["output_tokens_per_s"] for w in worker_counts
                               if (b := best(by_w[w], LOOSE_BAR_MS))},
@@ -154,6 +211,8 @@ def main() -> int:
         "best": {str(w): b for w, b in best_by_w.items()},
         "limit_reached": {str(w): any(r["lag_p99_ms"] > capacity.LAG_P99_BAR_MS for r in by_w[w]) for w in worker_counts},
         "parse_speed": parse_speed(),
+        "trace_overhead": overhead,
+        "loadavg_start": load_start,
         "loadavg": Path("/proc/loadavg").read_text().strip() if Path("/proc/loadavg").exists() else None,
         "wall_s": round(time.time() - started, 1),
         "rows": rows,

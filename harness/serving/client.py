@@ -6,8 +6,9 @@ ends without ``[DONE]``, a stream with no content, a timeout or a broken connect
 
 The client measures itself. Every request has a scheduled send time (rate mode: its Poisson
 arrival; closed loop: the moment its slot freed up, or its place in the ramp-up). *Schedule lag*
-= actual send time - scheduled send time. A probe timer also samples how late the loop runs
-timers during the run (*loop lag*: chunk timestamps can be late by that much). Large lags mean
+= actual send time - scheduled send time; a timed send wakes up on time, not up to a selector
+tick late (_wake_at). A probe timer also samples how late the loop runs timers that are due
+during the run (*loop lag*: chunk timestamps can be late by that much). Large lags mean
 the client, not the server, was the bottleneck, and the results say so.
 """
 
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import ctypes
 import itertools
 import json
+import os
 import random
 import secrets
 import time
@@ -67,6 +70,10 @@ class RequestRecord:
     scheduled_s: float
     dispatched_s: float = 0.0  # when the loop woke the sender up (timer latency part of the lag)
     sent_s: float = 0.0
+    # When aiohttp handed the request's body (headers coalesced with it) to the transport, which
+    # sends it at once on an idle socket: sent_s -> written_s is the client's own send path
+    # (connection pick-up, the body-writer task's turn on the loop); None: not traced.
+    written_s: float | None = None
     end_s: float = 0.0
     chunk_s: list[float] = field(default_factory=list)  # arrival of each chunk carrying content
     # Arrival of the first frame carrying a choice, visible text or not: the first token, as vLLM's
@@ -214,7 +221,8 @@ async def send_one(
     record.sent_s = _now() - t0
     try:
         async with asyncio.timeout(target.timeout_s):
-            async with session.post(target.base_url + path, json=request_body(target, spec), headers=headers) as resp:
+            async with session.post(target.base_url + path, json=request_body(target, spec), headers=headers,
+                                    trace_request_ctx=(record, t0)) as resp:
                 record.status = resp.status
                 if resp.status >= 300:
                     record.error = f"http_{resp.status}"
@@ -278,12 +286,28 @@ async def send_one(
     return record
 
 
-def make_session(limit: int = 0) -> aiohttp.ClientSession:
+async def _on_body_written(session, ctx, params) -> None:
+    """aiohttp's on_request_chunk_sent runs just before a body chunk (with the buffered headers)
+    goes to transport.write, with no suspension between (on_request_headers_sent fires before
+    the headers are even serialized, on_request_end once the response's headers are in)."""
+    if isinstance(ctx.trace_request_ctx, tuple):
+        record, t0 = ctx.trace_request_ctx
+        record.written_s = _now() - t0
+
+
+def write_trace() -> aiohttp.TraceConfig:
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(_on_body_written)
+    return trace
+
+
+def make_session(limit: int = 0, trace: bool = True) -> aiohttp.ClientSession:
     # A large read buffer: small ones throttle long streams (docs/architecture.md, Serving benchmarks); no connection cap.
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=limit, force_close=False),
         read_bufsize=2**20,
         timeout=aiohttp.ClientTimeout(total=None),
+        trace_configs=[write_trace()] if trace else None,
     )
 
 
@@ -310,21 +334,73 @@ async def preconnect(session: aiohttp.ClientSession, target: Target, connections
     return sum(await asyncio.gather(*(one() for _ in range(connections))))
 
 
+# How coarsely each selector waits: epoll_wait(2), poll(2) and /dev/poll take whole milliseconds,
+# and selectors rounds every timeout up to them (math.ceil(timeout * 1e3)), so as to wait at least
+# that long; select(2) takes a timeval, kqueue a timespec. Another loop (uvloop: libuv's timers and
+# its epoll_wait count whole milliseconds too) gets the millisecond.
+_SELECTOR_TICK_S = {"EpollSelector": 1e-3, "PollSelector": 1e-3, "DevpollSelector": 1e-3,
+                    "SelectSelector": 1e-6, "KqueueSelector": 1e-9}
+
+
+def _timer_slack_s() -> float:
+    """How late the kernel may end this thread's sleeps (prctl PR_GET_TIMERSLACK; Linux's default
+    is 50 us), and the share of a sleep it may add on top (fs/select.c, select_estimate_accuracy:
+    a poll or epoll_wait of T may end max(slack, T/1000) late, T/200 for a niced process)."""
+    try:
+        slack_ns = ctypes.CDLL(None, use_errno=True).prctl(30, 0, 0, 0, 0)  # PR_GET_TIMERSLACK
+    except (OSError, AttributeError):
+        slack_ns = -1
+    return (slack_ns if slack_ns > 0 else 50_000) * 1e-9, (1 / 200 if os.nice(0) > 0 else 1 / 1000)
+
+
+_SLACK_S, _SLACK_SHARE = _timer_slack_s()
+
+
+def wake_margin_s(loop: asyncio.AbstractEventLoop, wait_s: float = 0.0) -> float:
+    """How long before a due time a timer must fire so that neither the selector's rounding up
+    nor the kernel's timer slack can make it late: one selector tick plus that slack."""
+    tick = _SELECTOR_TICK_S.get(type(getattr(loop, "_selector", None)).__name__, 1e-3)
+    return tick + max(_SLACK_S, wait_s * _SLACK_SHARE)
+
+
 def _wake_at(loop: asyncio.AbstractEventLoop, when: float, fut: asyncio.Future) -> None:
     """Resolve `fut` with the wake-up time at monotonic time `when` (timers relative to _now, so
-    the schedule is kept on the one clock whatever the loop's own time base)."""
-    loop.call_later(max(0.0, when - _now()), lambda: fut.done() or fut.set_result(_now()))
+    the schedule is kept on the one clock whatever the loop's own time base), punctually: a timer
+    sleeps until the wake margin before `when`, then the wake-up yields with call_soon until the
+    clock reaches it, every loop iteration still serving I/O. A plain call_later fires up to a
+    selector tick (1 ms) late by construction. Cost: at most the margin (~1.05 ms) of yielding per
+    wake-up, less where the loop has other work; wake-ups due together share it."""
+    tick = wake_margin_s(loop) - _SLACK_S
+
+    def check() -> None:
+        if fut.done():  # the waiter was cancelled
+            return
+        now = _now()
+        margin = tick + max(_SLACK_S, (when - now) * _SLACK_SHARE)
+        if now >= when:
+            fut.set_result(now)
+        elif when - now > margin:
+            loop.call_later(when - now - margin, check)
+        else:
+            loop.call_soon(check)
+
+    check()
 
 
 async def _probe_loop_lag(samples: list[float], stop: asyncio.Event, interval_s: float = 0.01,
                           runnable: list[int] | None = None) -> None:
+    """Sample how late the loop runs a timer that is due: the probe's timer is set one wake margin
+    early, so the selector's rounding cannot make it late, and it does not yield until due (a
+    punctual wake every 10 ms would spin ~5-10% of a core for nothing). A sample is how far past its
+    due time the loop ran it, 0 where the loop was free by then: a stall shows in full."""
     loop = asyncio.get_running_loop()
+    margin = wake_margin_s(loop, interval_s)
     tick = 0
     while not stop.is_set():
         due = _now() + interval_s
         fut = loop.create_future()
-        _wake_at(loop, due, fut)
-        samples.append(await fut - due)
+        loop.call_later(interval_s - margin, lambda f=fut: f.done() or f.set_result(_now()))
+        samples.append(max(0.0, await fut - due))
         tick += 1
         if runnable is not None and tick % 10 == 0:  # every ~100 ms: the machine's runnable tasks
             count = hostload.runnable()

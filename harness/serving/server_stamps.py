@@ -4,7 +4,9 @@ beside the client's, request by request (matched by X-Request-Id).
 The per-request difference client TTFT - server HTTP TTFT is the client's own error (its send
 path, the network, its parsing and its event loop's lateness). On the same kernel (same boot_id)
 both clocks are time.monotonic(), so the difference splits into the send side (server arrival -
-client send) and the receive side (client's first token - server's first send).
+client send) and the receive side (client's first token - server's first send); the send side
+splits again at the moment aiohttp handed the request to the transport (RequestRecord.written_s):
+the client's own write path (client_write) and the server's read up to its ASGI app (server_read).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def summarize(records: Sequence[RequestRecord], t0: float, data: dict | None) ->
         return None
     stamps = {s.get("request_id"): s for s in data["requests"] if s.get("request_id")}
     same_clock = data.get("boot_id") is not None and data.get("boot_id") == _boot_id()
-    server, excess, send, receive = [], [], [], []
+    server, excess, send, receive, write, read = [], [], [], [], [], []
     for r in records:
         s = stamps.get(r.request_id)
         if not r.ok or s is None or s.get("ttft_s") is None or r.ttft_s is None:
@@ -62,6 +64,9 @@ def summarize(records: Sequence[RequestRecord], t0: float, data: dict | None) ->
         if same_clock:
             send.append(s["arrival_s"] - (t0 + r.sent_s))
             receive.append(t0 + r.first_token_s - s["first_token_s"])
+            if r.written_s is not None:
+                write.append(r.written_s - r.sent_s)
+                read.append(s["arrival_s"] - (t0 + r.written_s))
     ok = sum(1 for r in records if r.ok)
     return {
         "definition": "server: ASGI request arrival -> first response chunk carrying a token (http_ttft.py); "
@@ -72,4 +77,11 @@ def summarize(records: Sequence[RequestRecord], t0: float, data: dict | None) ->
         "same_clock": same_clock,
         "send_delay_ms": summary(send) if same_clock else None,
         "receive_delay_ms": summary(receive) if same_clock else None,
+        # the send delay's two parts, per request: client_write + server_read = send_delay
+        "client_write_ms": _with_min(write),
+        "server_read_ms": _with_min(read),
     }
+
+
+def _with_min(values: list[float]) -> dict | None:
+    return summary(values) | {"min": min(values) * 1000} if values else None

@@ -305,6 +305,7 @@ def _compact(r: RequestRecord) -> dict:
         "scheduled_s": round(r.scheduled_s, 6),
         "dispatched_s": round(r.dispatched_s, 6),
         "sent_s": round(r.sent_s, 6),
+        "written_s": None if r.written_s is None else round(r.written_s, 6),
         "end_s": round(r.end_s, 6),
         "chunk_s": [round(t, 6) for t in r.chunk_s],
         "status": r.status,

@@ -1,7 +1,8 @@
 """The server's TTFT at its HTTP layer (harness/serving/http_ttft.py) on a real vLLM: the
 middleware loads through --middleware, stamps every request the bench sends, its histogram is on
 the server's /metrics, and per request the server's HTTP TTFT is within the client's, so the
-client's own error (client TTFT - server HTTP TTFT) is measured, small at concurrency 1.
+client's own error (client TTFT - server HTTP TTFT) is measured, small at concurrency 1; its send
+side splits at the client's write into client_write_ms and server_read_ms, which add up.
 Last in file order: it needs its own server (the pool keeps one at a time)."""
 
 from __future__ import annotations
@@ -37,6 +38,19 @@ def _per_request(results: dict, base_url: str) -> list[tuple[float, float]]:
     return pairs
 
 
+def _send_split_adds_up(run: dict) -> None:
+    """The send delay's two parts (client send -> its write to the socket -> the server's ASGI
+    arrival) exist for every matched request, neither is negative, and their means add up to the
+    send delay's mean (per request they add up by construction)."""
+    h = run["server_http_ttft"]
+    for key in ("client_write_ms", "server_read_ms"):
+        assert h[key] and h[key]["count"] == h["send_delay_ms"]["count"] and h[key]["min"] >= 0, (key, h)
+    for req in (q for q in run["requests"] if q["error"] is None):
+        assert req["written_s"] is not None and req["sent_s"] <= req["written_s"], req
+    total = h["client_write_ms"]["mean"] + h["server_read_ms"]["mean"]
+    assert abs(total - h["send_delay_ms"]["mean"]) < 1e-6, h
+
+
 def test_http_ttft_middleware_measures_the_client(server_pool, bench, serving_dir):
     served = server_pool.use("new-http-ttft")
     results = bench(served, WORKLOAD, [1, 4], out=serving_dir / "http-ttft.json", warmup=2)
@@ -49,11 +63,13 @@ def test_http_ttft_middleware_measures_the_client(server_pool, bench, serving_di
         h = run["server_http_ttft"]
         assert h["matched"] == run["requests_ok"] == WORKLOAD.num_prompts, h
         assert h["same_clock"] and h["send_delay_ms"]["max"] >= 0 <= h["receive_delay_ms"]["p50"], h
+        _send_split_adds_up(run)
         summary[f"c={run['concurrency']}"] = {
             "client_ttft_p50_ms": run["ttft_ms"]["p50"], "server_http_ttft_p50_ms": h["ttft_ms"]["p50"],
             "vllm_histogram_ttft_mean_ms": (run.get("server_metrics") or {}).get("ttft_mean_ms"),
             "client_excess_ms": h["client_excess_ms"], "send_delay_ms": h["send_delay_ms"],
-            "receive_delay_ms": h["receive_delay_ms"]}
+            "receive_delay_ms": h["receive_delay_ms"], "client_write_ms": h["client_write_ms"],
+            "server_read_ms": h["server_read_ms"]}
     write_json(serving_dir / "http-ttft-summary.json", summary, indent=1)
     c1 = results["runs"][0]
     excess = c1["server_http_ttft"]["client_excess_ms"]["p50"]
