@@ -161,7 +161,7 @@ def vram_families() -> str:
 def vram_families_boundary_inline() -> str:
     _, s = _families()
     missed = sum(1 for r in s.boundary if not r["planner_fits"] and r["actually_fits"])
-    return (f"{len(s.boundary)} boundary cases, verdict agrees on {pct(s.agreement, 0)}; predicted fits that ran out: "
+    return (f"{len(s.boundary)} boundary cases, verdict agrees on {pct(s.agreement, 1)}; predicted fits that ran out: "
             f"{len(s.false_fits)}; predicted no-fits that fitted: {missed}")
 
 

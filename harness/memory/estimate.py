@@ -254,9 +254,16 @@ def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None
     table = calibration if calibration is not None and key in calibration else CALIBRATION
     coeffs = table.get(key, {})
     fam = family_train_terms(shape, q)
-    transient = _fitted_with_family(coeffs, feats, fam, shape, q) + sum(saved.values())
+    fitted, phase = _fitted_phase(coeffs, feats, fam, shape, q)
+    transient = fitted + sum(saved.values())
     loss = int(feats["tok_v"] * max([coeffs.get("tok_v", 0.0)] + [p.get("tok_v", 0.0) for p in coeffs.get("max", [])]))
     loss += fam["logits"]
+    if phase == 1 and precision_group(q.precision) == "4bit":
+        # the step peaks in the recomputed layer, after the loss's backward has freed its tensors:
+        # what is left of logits/loss there is the fp32 logits the step's outputs still hold (the
+        # loop keeps `out` through backward, matrix.optimizer_steps; the lm_head is fp32 after
+        # prepare_model_for_kbit_training) and the loss. Only the split changes, not the peak.
+        loss = min(loss, block_rounded(q.batch * q.seq_len * shape.vocab * 4))
     grads_live = int(feats["grads"] * coeffs.get("grads", 0.0))
     step = ad["lora_grads"] + ad["optimizer_step_transient"]  # after backward: all grads + temp
     breakdown = {"weights": weights, "weights_by_kind": wb,
@@ -296,12 +303,19 @@ def dequant_backward_bytes(shape: ModelShape, precision: str) -> int:
 
 
 def _fitted_with_family(coeffs: dict, feats: dict, fam: dict[str, int], shape: ModelShape, q: Query) -> int:
+    return _fitted_phase(coeffs, feats, fam, shape, q)[0]
+
+
+def _fitted_phase(coeffs: dict, feats: dict, fam: dict[str, int], shape: ModelShape,
+                  q: Query) -> tuple[int, int | None]:
     """The fitted transient with the family's terms where they happen: with checkpointing the
     loss phase and the recomputed layer's phase peak apart (the "max" entry), so the logits extra
     joins the first and the layer's extra the second; without it everything is saved at once.
     A 4-bit base's recomputed layer is the largest of its points read from the code
     (recompute.layer_points: the MLP's backward at short sequences, the attention's at long ones),
-    never below the fitted phase plus the dequantized weight (what the fit's rows measured)."""
+    never below the fitted phase plus the dequantized weight (what the fit's rows measured).
+    Returns the transient and the index of the phase that peaks (0: the loss's, 1: the recomputed
+    layer's; None without phases or without checkpointing)."""
     base = linear_sum(coeffs, feats)
     phases = [linear_sum(p, feats) for p in coeffs.get("max", [])]
     if q.grad_checkpointing:
@@ -311,8 +325,9 @@ def _fitted_with_family(coeffs: dict, feats: dict, fam: dict[str, int], shape: M
             phases[1] = max(fitted, layer_peak(shape, q, train_act_bytes(q.precision))[0] + extra[1])
             extra[1] = 0
         phases = [v + (extra[i] if i < 2 else 0) for i, v in enumerate(phases)] or [max(extra)]
-        return int(base + max(phases)) + fam["step"]
-    return int(base + max(phases, default=0.0)) + fam["layer_saved"] + fam["logits"] + fam["step"]
+        winner = max(range(len(phases)), key=phases.__getitem__) if len(phases) > 1 else None
+        return int(base + max(phases)) + fam["step"], winner
+    return int(base + max(phases, default=0.0)) + fam["layer_saved"] + fam["logits"] + fam["step"], None
 
 
 def _trainable(q: Query) -> Query:
