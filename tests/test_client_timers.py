@@ -37,6 +37,11 @@ def test_the_epoll_selector_waits_whole_milliseconds():
             sel.select(0.0001)
             waits.append(time.monotonic() - start)
     assert min(waits) >= 0.00099, waits
+    with selectors.EpollSelector() as sel:  # the first wait past _EXACT_S gets one ms more
+        over = client._EXACT_S + 1e-3
+        start = time.monotonic()
+        sel.select(over)
+        assert time.monotonic() - start >= over + 0.00099
     loop = asyncio.new_event_loop()
     try:
         if type(loop._selector).__name__ == "EpollSelector":
@@ -45,13 +50,13 @@ def test_the_epoll_selector_waits_whole_milliseconds():
         loop.close()
 
 
-async def _lateness(samples: int) -> list[tuple[float, float | None]]:
-    """(wake-up - due, the CPU wait during it) for `samples` wake-ups 1-3 ms ahead, random phase."""
+async def _lateness(samples: int, ahead_s: tuple[float, float] = (0.001, 0.003)) -> list[tuple[float, float | None]]:
+    """(wake-up - due, the CPU wait during it) for `samples` wake-ups `ahead_s` ahead, random phase."""
     loop = asyncio.get_running_loop()
     rng = random.Random(5)
     out = []
     for _ in range(samples):
-        due = time.monotonic() + rng.uniform(0.001, 0.003)
+        due = time.monotonic() + rng.uniform(*ahead_s)
         before = _run_delay_s()
         fut = loop.create_future()
         client._wake_at(loop, due, fut)
@@ -61,13 +66,14 @@ async def _lateness(samples: int) -> list[tuple[float, float | None]]:
     return out
 
 
-def test_a_timer_scheduled_wake_up_is_punctual():
+@pytest.mark.parametrize("ahead_s", [(0.001, 0.003), (0.008, 0.02)])
+def test_a_timer_scheduled_wake_up_is_punctual(ahead_s):
     """p99 lateness <= 0.3 ms on an idle loop, never early. A sample during which this thread
     waited for a CPU (another process's turn: the box's load, not the timer) is set aside."""
-    got = asyncio.run(_lateness(120))
+    got = asyncio.run(_lateness(120, ahead_s))
     assert min(late for late, _ in got) >= 0, "a wake-up came before its due time"
     clean = sorted(late for late, waited in got if waited is None or waited < 50e-6)
-    if len(clean) < 40:
+    if len(clean) < len(got) // 3:
         pytest.skip(f"only {len(clean)} of {len(got)} wake-ups ran without waiting for a CPU (box too busy)")
     p99 = clean[min(len(clean) - 1, int(0.99 * len(clean)))]
     assert p99 * 1000 <= PUNCTUAL_P99_MS, f"lateness p99 {p99 * 1000:.3f} ms over {len(clean)} clean wake-ups"

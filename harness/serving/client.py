@@ -19,6 +19,7 @@ import gc
 import ctypes
 import itertools
 import json
+import math
 import os
 import random
 import secrets
@@ -356,6 +357,19 @@ def _timer_slack_s() -> float:
 _SLACK_S, _SLACK_SHARE = _timer_slack_s()
 
 
+def _longest_exact_ms() -> int:
+    """The longest wait in whole milliseconds that a millisecond selector keeps: selectors hands
+    epoll k * 1e-3 s, which CPython turns into nanoseconds rounding up, so where that float is a
+    hair over k ms (k = 9, 13, 18, ...) epoll_wait gets k + 1 ms (epoll.poll(0.009) waits 10 ms)."""
+    k = 1
+    while math.ceil((k + 1) * 1e-3 * 1e9) <= (k + 1) * 1_000_000:
+        k += 1
+    return k
+
+
+_EXACT_S = _longest_exact_ms() * 1e-3
+
+
 def wake_margin_s(loop: asyncio.AbstractEventLoop, wait_s: float = 0.0) -> float:
     """How long before a due time a timer must fire so that neither the selector's rounding up
     nor the kernel's timer slack can make it late: one selector tick plus that slack."""
@@ -371,16 +385,18 @@ def _wake_at(loop: asyncio.AbstractEventLoop, when: float, fut: asyncio.Future) 
     selector tick (1 ms) late by construction. Cost: at most the margin (~1.05 ms) of yielding per
     wake-up, less where the loop has other work; wake-ups due together share it."""
     tick = wake_margin_s(loop) - _SLACK_S
+    longest = _EXACT_S if tick >= 1e-3 else math.inf
 
     def check() -> None:
         if fut.done():  # the waiter was cancelled
             return
         now = _now()
         margin = tick + max(_SLACK_S, (when - now) * _SLACK_SHARE)
+        sleep = when - now - margin
         if now >= when:
             fut.set_result(now)
-        elif when - now > margin:
-            loop.call_later(when - now - margin, check)
+        elif sleep > 0:  # a long sleep stops `longest` short, so that the last one is kept exactly
+            loop.call_later(sleep - longest if sleep > longest else sleep, check)
         else:
             loop.call_soon(check)
 
@@ -389,12 +405,13 @@ def _wake_at(loop: asyncio.AbstractEventLoop, when: float, fut: asyncio.Future) 
 
 async def _probe_loop_lag(samples: list[float], stop: asyncio.Event, interval_s: float = 0.01,
                           runnable: list[int] | None = None) -> None:
-    """Sample how late the loop runs a timer that is due: the probe's timer is set one wake margin
+    """Sample how late the loop runs a timer that is due: the probe's timer is set two wake margins
     early, so the selector's rounding cannot make it late, and it does not yield until due (a
     punctual wake every 10 ms would spin ~5-10% of a core for nothing). A sample is how far past its
     due time the loop ran it, 0 where the loop was free by then: a stall shows in full."""
     loop = asyncio.get_running_loop()
-    margin = wake_margin_s(loop, interval_s)
+    # early by two ticks: the selector's ceiling and, for some waits, CPython's second (_EXACT_S)
+    margin = 2 * wake_margin_s(loop, interval_s)
     tick = 0
     while not stop.is_set():
         due = _now() + interval_s
