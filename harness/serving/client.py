@@ -406,9 +406,10 @@ def _wake_at(loop: asyncio.AbstractEventLoop, when: float, fut: asyncio.Future) 
 async def _probe_loop_lag(samples: list[float], stop: asyncio.Event, interval_s: float = 0.01,
                           runnable: list[int] | None = None) -> None:
     """Sample how late the loop runs a timer that is due: the probe's timer is set two wake margins
-    early, so the selector's rounding cannot make it late, and it does not yield until due (a
-    punctual wake every 10 ms would spin ~5-10% of a core for nothing). A sample is how far past its
-    due time the loop ran it, 0 where the loop was free by then: a stall shows in full."""
+    early, so the selector's rounding cannot make it late, and it does not yield until due. A
+    sample is how far past its due time the loop ran it, 0 where the loop was free by then: a stall
+    shows in full, loop iterations shorter than ~1 ms barely (a punctual wake would show them, at
+    ~6% of a core more on the 2-core box: the gate needs the stalls, not that resolution)."""
     loop = asyncio.get_running_loop()
     # early by two ticks: the selector's ceiling and, for some waits, CPython's second (_EXACT_S)
     margin = 2 * wake_margin_s(loop, interval_s)
