@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import aiohttp
 
 from . import hostload
+from .http_ttft import frame_carries_token
 
 try:  # optional: parses stream frames ~3x faster than json (measured in docs/serving.md)
     import orjson
@@ -181,13 +182,6 @@ def server_reason(body: str, limit: int = 500) -> str:
     return " ".join(text.split())[:limit] or "(empty body)"
 
 
-def _carries_token(frame: dict) -> bool:
-    """A completions choice, or a chat delta that is not the role announcement (an OpenAI server
-    may send that before any token; vLLM sends it with the first one)."""
-    return any("text" in c or ("delta" in c and "role" not in (c.get("delta") or {}))
-               for c in frame.get("choices") or ())
-
-
 def _chunk_text(frame: dict) -> str:
     text = ""
     for choice in frame.get("choices") or ():
@@ -254,7 +248,7 @@ async def send_one(
                             record.error, record.error_detail = "error_frame", str(message)[:300]
                             return record
                         text = _chunk_text(frame)
-                        if record.first_token_s is None and (text or _carries_token(frame)):
+                        if record.first_token_s is None and (text or frame_carries_token(frame)):
                             record.first_token_s = now
                         if text:
                             record.chunk_s.append(now)
@@ -417,8 +411,11 @@ async def _probe_loop_lag(samples: list[float], stop: asyncio.Event, interval_s:
     while not stop.is_set():
         due = _now() + interval_s
         fut = loop.create_future()
-        loop.call_later(interval_s - margin, lambda f=fut: f.done() or f.set_result(_now()))
-        samples.append(max(0.0, await fut - due))
+        loop.call_later(interval_s - margin, lambda f=fut: f.done() or f.set_result(None))
+        await fut
+        # stamped when this task runs, not when the timer's callback did: a callback that ran just
+        # before another task stalled the loop in the same iteration would hide the whole stall
+        samples.append(max(0.0, _now() - due))
         tick += 1
         if runnable is not None and tick % 10 == 0:  # every ~100 ms: the machine's runnable tasks
             count = hostload.runnable()

@@ -74,11 +74,21 @@ def carries_token(body: bytes) -> bool:
             frame = json.loads(line[5:])
         except ValueError:
             continue
-        for c in frame.get("choices") or () if isinstance(frame, dict) else ():
-            delta = c.get("delta") or {}
-            if "text" in c or ("delta" in c and (delta.get("content") or delta.get("reasoning_content")
-                                                 or "role" not in delta)):
-                return True
+        if isinstance(frame, dict) and frame_carries_token(frame):
+            return True
+    return False
+
+
+def frame_carries_token(frame: dict) -> bool:
+    """A completions choice, or a chat delta that is not only the role announcement (an OpenAI
+    server may send that before any token; vLLM sends the role with the first one). The client
+    (harness.serving.client) times its TTFT by this same rule; it lives here because this module
+    must import in the server's process with the standard library alone."""
+    for c in frame.get("choices") or ():
+        delta = c.get("delta") or {}
+        if "text" in c or ("delta" in c and (delta.get("content") or delta.get("reasoning_content")
+                                             or "role" not in delta)):
+            return True
     return False
 
 
