@@ -15,7 +15,11 @@ from harness.serving import client, server_stamps
 from harness.serving.client import RequestRecord, RequestSpec, Target, run_load
 from harness.serving.standin import run_standin
 
-PUNCTUAL_P99_MS = 0.3  # the old call_later wake-up: p50 ~0.7, p99 ~1.05 ms on an idle loop
+# the old call_later wake-up: p50 ~0.6-0.7, p99 ~1.05 ms on an idle loop (whole-ms rounding makes it
+# late at every percentile). The median, not p99 or p90: this VM now and then wakes a thread late
+# whatever asked (on the idle box, over 120 punctual wake-ups 8-20 ms ahead: p50 0.002 ms, p90
+# 0.11-0.38 ms, p99 0.4-2.7 ms), which is the machine, not the client's timer
+PUNCTUAL_P50_MS = 0.3
 
 
 def _run_delay_s() -> float | None:
@@ -68,15 +72,15 @@ async def _lateness(samples: int, ahead_s: tuple[float, float] = (0.001, 0.003))
 
 @pytest.mark.parametrize("ahead_s", [(0.001, 0.003), (0.008, 0.02)])
 def test_a_timer_scheduled_wake_up_is_punctual(ahead_s):
-    """p99 lateness <= 0.3 ms on an idle loop, never early. A sample during which this thread
+    """Median lateness <= 0.3 ms on an idle loop, never early. A sample during which this thread
     waited for a CPU (another process's turn: the box's load, not the timer) is set aside."""
     got = asyncio.run(_lateness(120, ahead_s))
     assert min(late for late, _ in got) >= 0, "a wake-up came before its due time"
     clean = sorted(late for late, waited in got if waited is None or waited < 50e-6)
     if len(clean) < len(got) // 3:
         pytest.skip(f"only {len(clean)} of {len(got)} wake-ups ran without waiting for a CPU (box too busy)")
-    p99 = clean[min(len(clean) - 1, int(0.99 * len(clean)))]
-    assert p99 * 1000 <= PUNCTUAL_P99_MS, f"lateness p99 {p99 * 1000:.3f} ms over {len(clean)} clean wake-ups"
+    p50 = clean[len(clean) // 2]
+    assert p50 * 1000 <= PUNCTUAL_P50_MS, f"lateness p50 {p50 * 1000:.3f} ms over {len(clean)} clean wake-ups"
 
 
 def test_punctual_wake_ups_cost_at_most_a_margin_of_cpu_each():
@@ -105,13 +109,19 @@ def test_a_cancelled_wake_up_stops_yielding():
     asyncio.run(main())
 
 
+QUIET_S = 1.0  # long enough that the probe's first arming and the loop's start-up do not weigh in
+# the probe costs 2.7-3.5% of a core on the idle 2-core VM (a bound at 3% failed 1 run in 8); a
+# probe that yields until due, the design it must not fall back to, costs 8.4%
+PROBE_CPU_SHARE = 0.05
+
+
 def test_the_loop_lag_probe_shows_a_stall_and_costs_little():
     async def main() -> tuple[list[float], float]:
         samples: list[float] = []
         stop = asyncio.Event()
         start = time.thread_time()
         probe = asyncio.create_task(client._probe_loop_lag(samples, stop))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(QUIET_S)
         quiet_cpu = time.thread_time() - start
         time.sleep(0.05)  # the loop stalls 50 ms
         await asyncio.sleep(0.05)
@@ -122,7 +132,7 @@ def test_the_loop_lag_probe_shows_a_stall_and_costs_little():
     samples, cpu = asyncio.run(main())
     assert max(samples) >= 0.035, f"a 50 ms stall was not seen: max lag {max(samples) * 1000:.1f} ms"
     assert min(samples) >= 0
-    assert cpu <= 0.3 * 0.03, f"the probe used {cpu / 0.3:.1%} of a core"
+    assert cpu <= QUIET_S * PROBE_CPU_SHARE, f"the probe used {cpu / QUIET_S:.1%} of a core"
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
