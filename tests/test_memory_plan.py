@@ -196,19 +196,31 @@ def test_bandwidths_come_from_the_hw_suites_results(tmp_path, capsys):
     assert off["h2d_gbps"] == 11.0 and off["offloaded"] and data["plans"]  # the usual plan stays
 
 
-def test_training_verdicts_keep_room_for_attention_score_fragmentation(capsys):
-    """nf4 training of a grouped-query model materialises fp32 attention scores (SDPA's math
-    kernel): estimate and plan keep 1.5 such blocks free beyond the peak and say so; an MHA model
-    (phi-3) and bf16 training keep none."""
+def test_training_verdicts_keep_room_for_the_holes_a_step_leaves(capsys):
+    """A training verdict keeps room beyond the peak for holes the caching allocator cannot reuse:
+    1.5 fp32 attention-score blocks where SDPA's math kernel materialises them (nf4 training of a
+    grouped-query model; none for an MHA model, phi-3, or bf16), a share of one fp32 logits block,
+    and a share of the optimizer's states and step temporaries; estimate says so."""
     o = run_json(capsys, "estimate", "--config", "llama-3.2-1b", "--precision", "nf4-dq", "--mode", "train",
                  "--seq-len", "1024", "--batch", "2", "--budget", "6GiB")[0]
     shape = E.model_shape("llama-3.2-1b")
-    assert o["fragmentation_bytes"] == int(E.FRAGMENTATION_BLOCKS * 2 * shape.heads * 1024 * 1024 * 4)
-    assert "kept free for the holes fp32 attention-score blocks leave" in o["verdict"]
+    holes = o["breakdown"]["fragmentation"]
+    assert holes["attention_scores"] == int(E.FRAGMENTATION_BLOCKS * 2 * shape.heads * 1024 * 1024 * 4)
+    assert holes["logits"] == int(E.REALLOCATED_HOLES["logits"] * 2 * 1024 * shape.vocab * 4)
+    optimizer = o["breakdown"]["optimizer_states"] + o["breakdown"]["optimizer_step_transient"]
+    assert optimizer > 0 and holes["optimizer_states"] == int(E.REALLOCATED_HOLES["optimizer_states"] * optimizer)
+    assert o["fragmentation_bytes"] == sum(holes.values())
+    assert "kept free for the holes" in o["verdict"]
     for config, precision in (("phi-3-mini-4k", "nf4-dq"), ("llama-3.2-1b", "bf16")):
         o = run_json(capsys, "estimate", "--config", config, "--precision", precision, "--mode", "train",
                      "--seq-len", "1024", "--budget", "6GiB")[0]
-        assert o["fragmentation_bytes"] == 0 and "kept free" not in o["verdict"]
+        assert o["breakdown"]["fragmentation"]["attention_scores"] == 0
+        assert o["fragmentation_bytes"] == o["breakdown"]["fragmentation"]["logits"] + \
+            o["breakdown"]["fragmentation"]["optimizer_states"]
+    # an 8-bit optimizer's states are a quarter of AdamW's: less room kept for them
+    eight = run_json(capsys, "estimate", "--config", "llama-3.2-1b", "--precision", "nf4-dq", "--mode", "train",
+                     "--seq-len", "1024", "--optimizer", "adamw_8bit")[0]
+    assert 0 < eight["breakdown"]["fragmentation"]["optimizer_states"] < holes["optimizer_states"]
     plan = run_json(capsys, "plan", "--config", "llama-3.2-1b", "--budget", "6GiB", "--train", "--precision", "nf4-dq")
     p = plan["plans"][0]
     assert p["limited_by"] == "memory" and "kept free for the holes" in p["reason"]

@@ -27,7 +27,8 @@ while Mistral's random checkpoint is still being saved. "fresh", the third
 (harness/memory/recompute.py): two Mistral-7B steps with the allocator's history (the largest
 blocks at the peak), its checkpointed batch-2 QLoRA steps at new lengths and ranks, and 30 plan --train boundary cases under the 6 GiB card (6 per family: Mistral-7B, Gemma-2,
 Gemma-3, Qwen3, Phi-4-mini; half predicted to fit, within 12% of the verdict), none at a setting a
-committed row ran. `--list` prints the jobs with each case's prediction and verdict.
+committed row ran. "reserve", the fourth (benchmarks/vram/measured-families-4/): 36 fresh boundary
+cases for the training reserve of estimate.REALLOCATED_HOLES (reserve_jobs). `--list` prints the jobs with each case's prediction and verdict.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ from harness.memory.train_matrix import TrainCase  # noqa: E402
 FAMILIES = ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "phi-4-mini")
 FIT_EXCLUDED = ("qwen3-1.7b", "phi-4-mini", "mistral-7b-v0.3", "qwen3-30b-a3b")
 SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b"),
-        "fresh": ("mistral-7b-v0.3",) + FAMILIES}
+        "fresh": ("mistral-7b-v0.3",) + FAMILIES,
+        "reserve": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -231,25 +233,26 @@ FRESH_MISTRAL_B2 = (("attn", 16, 384), ("all", 32, 640), ("attn", 8, 896), ("all
 FRESH_SNAPSHOTS = (("attn", 8, 1, 2560), ("all", 16, 2, 448))
 
 
-def committed_settings() -> set[tuple]:
-    """(arch, targets, r, checkpointing, batch, seq, optimizer) of every training row of the runs
-    before this one (the first two: what the model was read against), so the set stays the same
-    once its own rows are committed."""
+def committed_settings(runs: int = 2) -> set[tuple]:
+    """(arch, targets, r, checkpointing, batch, seq, optimizer) of every training row of the first
+    `runs` runs (those before the set being drawn), so a set stays the same once its own rows are
+    committed."""
     from harness.memory import families_truth as T
 
-    rows = [r for d in (T.FAMILIES_DIR, T.FAMILIES_DIR_2) for r in T.load_rows(d)["train"]]
+    rows = [r for d in T.FAMILIES_DIRS[:runs] for r in T.load_rows(d)["train"]]
     return {(r["arch"], r["targets"], r["lora_r"], r["grad_checkpointing"], r["batch"], r["seq_len"], r["optimizer"])
             for r in rows}
 
 
-def fresh_boundary_cases(rng: random.Random, seen: set[tuple], per_family: int = FRESH_PER_FAMILY) -> list[TrainCase]:
+def fresh_boundary_cases(rng: random.Random, seen: set[tuple], per_family: int = FRESH_PER_FAMILY,
+                         families: tuple[str, ...] = SETS["fresh"]) -> list[TrainCase]:
     """Per family, `per_family` cases never run before whose plan --train verdict lies within
     FRESH_RATIO of the 6 GiB card's cap, half predicted to fit."""
     from harness.memory.estimate import RESERVE_FRACTION, estimate
     from harness.memory.shape import model_shape
 
     out: list[TrainCase] = []
-    for arch in SETS["fresh"]:
+    for arch in families:
         shape = model_shape(arch)
         below, above = [], []
         for _ in range(4000):
@@ -290,6 +293,24 @@ def fresh_jobs() -> list[dict]:
     return snap_jobs + [train_job(c) for c in interleave(b2, first) + rest]
 
 
+def reserve_jobs() -> list[dict]:
+    """The fourth run (--set reserve): fresh plan --train boundary cases for the training reserve
+    with the re-allocated blocks' holes (estimate.REALLOCATED_HOLES), drawn after it was chosen on
+    the three runs before and the truth runs: six families, one never run at a boundary
+    (llama-3.2-3b), six cases each, half predicted to fit, none at a committed setting. Mistral's
+    first (its checkpoint takes longest to save), the rest interleaved by family."""
+    from harness.memory.train_matrix import load_truth
+
+    truth, _ = load_truth()
+    seen = committed_settings(3) | {(r["arch"], r["targets"], r["lora_r"], r["grad_checkpointing"], r["batch"],
+                                     r["seq_len"], r["optimizer"]) for r in truth}
+    families = SETS["reserve"]
+    boundary = fresh_boundary_cases(random.Random(2729), seen, FRESH_PER_FAMILY, families)
+    per_arch = [[c for c in boundary if c.arch == a] for a in families[1:]]
+    rest = [c for group in zip(*per_arch) for c in group] + [c for g in per_arch for c in g[min(map(len, per_arch)):]]
+    return [train_job(c) for c in [c for c in boundary if c.arch == families[0]] + rest]
+
+
 def case_verdict(case: TrainCase) -> str:
     """The estimate and plan --train's verdict of a case, one line (for --list)."""
     from harness.memory.budget import default_headroom, fits
@@ -318,6 +339,8 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
         return mistral_moe_jobs()
     if job_set == "fresh":
         return fresh_jobs()
+    if job_set == "reserve":
+        return reserve_jobs()
     rng = random.Random(27)
     boundary = [train_job(c) for c in boundary_cases(rng, 6)]
     first = snapshot_jobs()

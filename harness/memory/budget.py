@@ -127,8 +127,11 @@ def fragmentation_note(est) -> str:
     """' (a 4.86 GiB peak + 457 MiB kept free for ...)' when the estimate keeps fragmentation room."""
     if not est.fragmentation_bytes:
         return ""
+    names = {"attention_scores": "fp32 attention scores", "logits": "fp32 logits", "optimizer_states": "optimizer states"}
+    holes = [names.get(k, k) for k, v in (est.breakdown.get("fragmentation") or {}).items() if v]
+    what = ", ".join(holes[:-1]) + (" and " if len(holes) > 1 else "") + holes[-1] if holes else "large blocks"
     return (f" (a {_size(est.peak_bytes)} peak + {_size(est.fragmentation_bytes)} kept free for the holes "
-            f"fp32 attention-score blocks leave)")
+            f"re-allocated {what} leave)")
 
 
 def need_text(what: str, need: int, budget_bytes: int, context_bytes: int, headroom: float, note: str = "") -> str:

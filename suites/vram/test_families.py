@@ -24,19 +24,14 @@ MIN_BOUNDARY = 20
 # still fails while the goal stands for every other family (docs/vram.md). Training meets the error
 # goals in every family: Mistral-7B's checkpointed QLoRA steps, the recomputed-layer model's test,
 # out of sample in the third run too (7 fresh rows: median 1.1%, worst +3.4%, worst under -2.7%).
-# plan --train does not: the fresh run's 30 boundary cases agree on 27 (90.0%; pooled 63 of 68,
-# 92.6%). Its two predicted fits that ran out are large-LoRA adamw_torch steps whose peak the estimate
-# gets right where it can be measured (fresh non-Mistral boundary rows that fitted: within 0.6%) but whose
-# caching-allocator reserve outgrows the planner's flat 5.7% training headroom (reserved / allocated
-# 1.15-1.19 on the uncapped r64 all-linear rows of gemma-3-1b and qwen3-1.7b): what stops them is
-# fragmentation, not the peak. Pinned case by case, so a new one still fails.
+# plan --train: the flat 5.7% training reserve let two large-LoRA adamw_torch steps run out in the
+# fresh run (phi-4-mini all r32 1x128, gemma-3-1b all r64 2x320: the peak right, the caching
+# allocator's reserve 15-19%); the reserve with the re-allocated blocks' holes
+# (estimate.REALLOCATED_HOLES, docs/vram.md "Where a training step's reserve goes") refuses both and
+# agrees on 66 of the three runs' 68 cases, no predicted fit that ran out. Qwen3-1.7B's 11 of 12 (a
+# refusal that fitted: attention r4 640 x 2, 0.8% over the line) is pinned so a regression fails.
 SHORTFALL: dict[tuple[str, str], float] = {}  # (table, arch) -> worst under
-AGREEMENT_SHORTFALL = {"mistral-7b-v0.3": 18 / 20, "gemma-3-1b": 11 / 12, "phi-4-mini": 11 / 12,
-                       "qwen3-1.7b": 11 / 12}
-POOLED_AGREEMENT_SHORTFALL = 63 / 68
-# (arch, targets, lora_r, batch, seq_len, optimizer) of the predicted fits that ran out (third run)
-FALSE_FIT_SHORTFALL = {("phi-4-mini", "all", 32, 1, 128, "adamw_torch"),
-                       ("gemma-3-1b", "all", 64, 2, 320, "adamw_torch")}
+AGREEMENT_SHORTFALL = {"qwen3-1.7b": 11 / 12}
 
 
 def _case(r: dict) -> tuple:
@@ -76,9 +71,9 @@ def test_plan_train_agrees_with_real_oom_under_6gib(summary, record):
     b = summary.boundary
     record(boundary_cases=len(b), agreement=summary.agreement, false_fits=len(summary.false_fits))
     assert len(b) >= MIN_BOUNDARY, f"only {len(b)} boundary cases came back"
-    new_false = [_case(r) for r in summary.false_fits if _case(r) not in FALSE_FIT_SHORTFALL]
-    assert not new_false, f"plan --train said fits, the run ran out: {new_false}"
-    assert summary.agreement >= min(AGREEMENT, POOLED_AGREEMENT_SHORTFALL) - 1e-9
+    false = [_case(r) for r in summary.false_fits]
+    assert not false, f"plan --train said fits, the run ran out: {false}"
+    assert summary.agreement >= AGREEMENT
     rest = [r for r in b if r["arch"] not in AGREEMENT_SHORTFALL]
     assert sum(r["planner_fits"] == r["actually_fits"] for r in rest) / len(rest) >= AGREEMENT
     for arch, pinned in AGREEMENT_SHORTFALL.items():
@@ -89,12 +84,13 @@ SECOND_RUN = ("mistral-7b-v0.3", "qwen3-30b-a3b")  # benchmarks/vram/measured-fa
 OFFLOAD_MS_TOLERANCE = 0.5  # decode time per token: the plan's bandwidth model, within +-50%
 
 
-@pytest.mark.parametrize("arch", ["mistral-7b-v0.3", "gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "phi-4-mini"])
+@pytest.mark.parametrize("arch", ["mistral-7b-v0.3", "gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "phi-4-mini",
+                                  "llama-3.2-3b"])
 def test_plan_train_agrees_per_new_family(summary, record, arch):
     rows = summary.boundary_of(arch)
     if not rows:
         pytest.skip(f"no {arch} boundary rows committed yet")
-    false = [_case(r) for r in rows if r["planner_fits"] and not r["actually_fits"] and _case(r) not in FALSE_FIT_SHORTFALL]
+    false = [_case(r) for r in rows if r["planner_fits"] and not r["actually_fits"]]
     record(arch=arch, boundary_cases=len(rows), agreement=summary.agreement_of(arch), false_fits=len(false))
     assert not false, f"{arch}: plan --train said fits, the run ran out: {false}"
     assert summary.agreement_of(arch) >= min(AGREEMENT, AGREEMENT_SHORTFALL.get(arch, AGREEMENT)) - 1e-9
