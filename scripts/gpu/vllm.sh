@@ -7,7 +7,8 @@
 #                                         baseline beside VERSION (only the wheels VERSION lacks)
 #   scripts/gpu/vllm.sh calls             print the device calls to make, back to back, one per line:
 #                                         carry=<paths> | command (FAMILIES_SET: the first call's families
-#                                         job set, default fresh)
+#                                         job set, default reserve; PIPELINE_ENV: variables for the
+#                                         install call's steps, e.g. "GPTQ=0 PIPELINE_STARTUPS= GATE_TIME_S=380")
 # VERSION: 0.26.0 (default; the newest that pins the machine's torch 2.11.0); SECOND: 0.25.1 (the
 # rehearsal's baseline: deps-0.25.1.txt, resolved by vllm_resolve_deps.sh).
 # .vp/, .vp2/ and .vx/ must be ignored (.git/info/exclude): what is not ignored travels with every call.
@@ -54,11 +55,11 @@ case $cmd in
       else echo "carry=${two[-1]} | $d .vp2   (the second version's last part: it fits with no other)"; fi
     fi
     # the families run of the first call (docs/vram.md): FAMILIES_SET here picks its job set
-    fam="FAMILIES_SET=${FAMILIES_SET:-fresh}"
+    fam="FAMILIES_SET=${FAMILIES_SET:-reserve}"; env=${PIPELINE_ENV:+$PIPELINE_ENV }
     echo "carry=$first | mkdir -p /tmp/snap && tar xzf .vx/tree.tgz -C /tmp/snap && cp -r .vx .whl /tmp/snap/ && $pre$c $fam $s begin"
     for p in .vp/part.*; do
       if [ "$p" = "$last" ]; then
-        echo "carry=$p,.vp/payload.sha$with_last | $pre_last$d .vp install && $c $s after-install && $s pipeline"
+        echo "carry=$p,.vp/payload.sha$with_last | $pre_last$d .vp install && $c $env$s after-install && $env$s pipeline"
       else echo "carry=$p | $d .vp"; fi
     done
     if [ ${#two[@]} -gt 1 ]; then

@@ -5,7 +5,7 @@
 # Steps:
 #   begin             the first call: extras, families and models (run from /tmp/snap, the tree of
 #                     .vx/tree.tgz: a committed state, not whatever the checkout held at call time)
-#   after-install     the quantize chain's GPTQ and AWQ, in the background
+#   after-install     the quantize chain's GPTQ and AWQ, in the background (GPTQ=0: skipped)
 #   extras            carried .vx/: pytest-html + pytest-metadata -> /tmp/site, llm-compressor -> /tmp/lcsite
 #   families          .whl/ (bitsandbytes) -> /tmp/site, then scripts/gpu/families.sh in the background
 #                     (setsid, from a snapshot of the tree, FAMILIES_OUT=/tmp/families-out)
@@ -20,8 +20,9 @@
 #   pipeline          the GPU steps after the install, one after the other in the background (setsid), so
 #                     that the calls in the meantime can carry the second version: wait-families,
 #                     the client's stand-in capacity (CAPACITY=, empty: skipped) beside the
-#                     startups (PIPELINE_STARTUPS), serving bench, serving gate, suite (with the second
-#                     version as the upgrade baseline when it is installed); progress in /tmp/vres/pipeline.log
+#                     startups (PIPELINE_STARTUPS; set and empty: none, and the capacity runs alone),
+#                     serving bench, serving gate (GATE_TIME_S), suite (with the second version as the
+#                     upgrade baseline when it is installed); progress in /tmp/vres/pipeline.log
 #   poll S            wait up to S seconds for the pipeline (printing its new lines), then pack
 #   second            install the second version's parts (.vp2, vllm_on_device.sh second)
 #   pack              (every step does it) /tmp/vres -> $OUT/vres.tgz; families' tarball -> $OUT
@@ -46,6 +47,7 @@ case $step in
   begin)
     bash "$0" extras && bash "$0" families && bash "$0" models; exit $? ;;
   after-install)
+    [ "${GPTQ:-1}" = 0 ] && { echo "gptq skipped (GPTQ=0)"; exit 0; }
     (GPTQ_TIMEOUT=${GPTQ_TIMEOUT:-240} setsid bash "$0" gptq > $R/gptq.txt 2>&1 < /dev/null &)
     echo "gptq started" ;;
   extras)
@@ -70,15 +72,21 @@ case $step in
   pipeline-run)
     stamp() { echo "[$(date +%T)] $*"; }
     stamp "wait-families"; bash "$0" wait-families "${FAMILIES_WAIT_S:-300}" > $R/p-families.txt 2>&1; tail -2 $R/p-families.txt
-    # the client's stand-in capacity beside the start-ups: they need the GPU quiet, not the CPUs
-    # (16 cores; a start-up uses 2-4), and the families run, which needs both, is over by now
-    [ -n "${CAPACITY:-1}" ] && (setsid timeout ${CAPACITY_LIMIT_S:-240} python3 benchmarks/serving/client_capacity.py \
-      --out $R/capacity > $R/capacity.txt 2>&1 < /dev/null &)
-    # the third hold's out-of-sample start-ups (gpu_startups.py: s14 qwen2.5-0.5b, s13 16k batched
-    # tokens, s15 sampler-bound, s16 CUDA graphs) and the quantize chain's AWQ (s12) served
-    only=${PIPELINE_STARTUPS:-s14,s13,s12,s15,s16}; stamp "startups $only"
-    STARTUPS_ONLY=$only STARTUPS_LIMIT_S=${STARTUPS_LIMIT_S:-240} bash "$0" startups > $R/p-startups.txt 2>&1
-    grep -E "^s[0-9]+ |skipped" $R/p-startups.txt | cut -c1-240
+    # PIPELINE_STARTUPS: the start-ups to run (default: the third hold's out-of-sample ones, s14
+    # qwen2.5-0.5b, s13 16k batched tokens, s12 the quantize chain's AWQ, s15 sampler-bound, s16
+    # CUDA graphs); set and empty: none. The client's stand-in capacity (CAPACITY=, empty: skipped)
+    # runs beside the start-ups (they need the GPU quiet, not the 16 CPUs), or alone without them.
+    only=${PIPELINE_STARTUPS-s14,s13,s12,s15,s16}
+    capacity=(timeout ${CAPACITY_LIMIT_S:-240} python3 benchmarks/serving/client_capacity.py --out $R/capacity)
+    if [ -z "$only" ]; then
+      [ -n "${CAPACITY-1}" ] && { stamp "capacity (alone)"; "${capacity[@]}" > $R/capacity.txt 2>&1 < /dev/null; tail -8 $R/capacity.txt | cut -c1-200; }
+      for i in $(seq 1 ${MODELS_WAIT_S:-200}); do grep -q '"model": "w4a16"' $R/models.txt 2>/dev/null && break; sleep 1; done
+    else
+      [ -n "${CAPACITY-1}" ] && (setsid "${capacity[@]}" > $R/capacity.txt 2>&1 < /dev/null &)
+      stamp "startups $only"
+      STARTUPS_ONLY=$only STARTUPS_LIMIT_S=${STARTUPS_LIMIT_S:-240} bash "$0" startups > $R/p-startups.txt 2>&1
+      grep -E "^s[0-9]+ |skipped" $R/p-startups.txt | cut -c1-240
+    fi
     stamp "serving bench"; SERVING_LIMIT_S=${BENCH_LIMIT_S:-400} bash "$0" serving bench > $R/p-bench.txt 2>&1
     grep -E "^c=|Error" $R/p-bench.txt | cut -c1-400
     stamp "serving gate"; SERVING_LIMIT_S=${GATE_LIMIT_S:-330} bash "$0" serving gate > $R/p-gate.txt 2>&1
@@ -133,7 +141,7 @@ case $step in
       --time-limit-s ${STARTUPS_LIMIT_S:-500} 2>&1 | tee -a $R/startups.txt | grep -E "^s[0-9]+ |skipped" ;;
   serving)
     python3 benchmarks/vllm_plan/gpu_serving.py --models /tmp/vmodels --out $R --steps "${1:-bench,gate}" \
-      --time-limit-s ${SERVING_LIMIT_S:-520} 2>&1 | tee -a $R/serving.txt | grep -E "^c=|^gate|ready|Error" ;;
+      --time-limit-s ${SERVING_LIMIT_S:-520} --gate-time-s ${GATE_TIME_S:-300} 2>&1 | tee -a $R/serving.txt | grep -E "^c=|^gate|ready|Error" ;;
   suite)
     start=$(date +%s)
     base=(); [ -f /tmp/vsite2/.done ] && base=(--baseline-vllm-python /tmp/python-vllm2)
