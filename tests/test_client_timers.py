@@ -156,3 +156,41 @@ def test_the_send_delay_splits_into_the_clients_write_and_the_servers_read():
     assert out["send_delay_ms"]["count"] == 3 and out["client_write_ms"]["count"] == 2
     assert out["client_write_ms"]["min"] == pytest.approx(0.0) and out["client_write_ms"]["max"] == pytest.approx(0.5)
     assert out["server_read_ms"]["max"] == pytest.approx(2.0) and out["server_read_ms"]["min"] == pytest.approx(1.5)
+
+
+def test_an_outside_clients_ttfts_are_matched_by_the_same_function():
+    """vllm bench serve gives a TTFT per request id and no send stamps (gpu_serving.py): the same
+    summarize matches it, with its excess and no send split."""
+    stamps = [{"request_id": "vb-0", "arrival_s": 1.0, "first_token_s": 1.04, "ttft_s": 0.045},
+              {"request_id": "vb-1", "arrival_s": 1.0, "first_token_s": 1.04, "ttft_s": 0.045},
+              {"request_id": "vb-2", "arrival_s": 1.0, "first_token_s": None, "ttft_s": None}]
+    out = server_stamps.summarize({"vb-0": 0.050, "vb-1": 0.060, "vb-2": 0.07, "vb-9": 0.08}, None,
+                                  {"boot_id": server_stamps._boot_id(), "requests": stamps})
+    assert out["requests_ok"] == 4 and out["matched"] == 2 and out["ttft_ms"]["p50"] == pytest.approx(45)
+    assert out["client_excess_ms"]["min"] == pytest.approx(5) and out["client_excess_ms"]["max"] == pytest.approx(15)
+    assert out["same_clock"] and out["send_delay_ms"] is None and out["client_write_ms"] is None
+    assert server_stamps.summarize({"vb-0": 0.05}, None, None) is None
+
+
+def test_the_gpu_benchs_level_line_shows_the_send_delay_split(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_plan"))
+    from gpu_serving import level_line
+
+    t0 = 100.0
+    recs = [RequestRecord(index=i, scheduled_s=0, sent_s=0.001 * i, written_s=0.0015 * i, first_token_s=0.050,
+                          end_s=0.1, chunk_s=[0.05], request_id=f"r{i}") for i in range(2)]
+    stamps = [{"request_id": f"r{i}", "arrival_s": t0 + 0.001 * i + 0.002, "first_token_s": t0 + 0.047,
+               "ttft_s": 0.045} for i in range(2)]
+    data = {"boot_id": server_stamps._boot_id(), "requests": stamps}
+    hist = {"server_ttft_p50": {"ms": 40.0}, "server_ttft_mean_ms": 41.0}
+    row = {"concurrency": 16, "harness_workers": 4,
+           "harness": {"ttft_ms": {"p50": 50.0, "p99": 60.0}, "schedule_lag_ms": {"p50": 0.01, "p99": 0.1},
+                       "output_throughput": 900.0, "client_bound": False,
+                       "server_http_ttft": server_stamps.summarize(recs, t0, data)} | hist,
+           "vllm": {"median_ttft_ms": 52.0, "p99_ttft_ms": 63.0, "output_throughput": 890.0,
+                    "server_http_ttft": server_stamps.summarize({"r0": 0.052}, None, data)} | hist}
+    line = level_line(row)
+    # send delay 2.0 ms for both; client write 0 and 0.5 ms, server read 2.0 and 1.5 ms
+    assert line.startswith("c=16: ") and "harness send delay p50 2.00 ms (client write 0.25, server read 1.75)" in line
+    # the harness's TTFT 50 and 49 ms over the server's 45; vllm bench's 52
+    assert "client excess p50 harness 4.50 vllm 7.00 ms" in line and line.endswith("not client-bound")

@@ -1,6 +1,11 @@
 """Open-loop rate sweep to saturation and goodput, against the stand-in: with requests in flight
 capped at 2 and each request taking a known time, the server side can give at most 2 / e2e
-requests per second; the sweep must find that plateau, stop there, and draw it on the page."""
+requests per second; the sweep must find that plateau, stop there, and draw it on the page.
+
+The plateau is judged by each run's own figures, not by one run's wall-clock against another's:
+a run's slot occupancy, sum(e2e) / (2 x its span), is 1 when both slots were busy throughout (on
+the plateau, whatever the e2e of that moment) and can never exceed 1 under the cap, and the
+stand-in's configured timing is a floor on e2e that load can only raise."""
 
 from __future__ import annotations
 
@@ -21,6 +26,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=timeout)
+
+
+def _e2e_s(run: dict) -> list[float]:
+    return [r["end_s"] - r["sent_s"] for r in run["requests"] if not r.get("error")]
+
+
+def _occupancy(run: dict, slots: int) -> float:
+    """The share of the run's span (first send to last end) that its slots spent on requests."""
+    reqs = [r for r in run["requests"] if not r.get("error")]
+    span = max(r["end_s"] for r in reqs) - min(r["sent_s"] for r in reqs)
+    return sum(_e2e_s(run)) / (slots * span)
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "fast", "1,,x", "nan", "inf"])
@@ -71,11 +87,19 @@ def test_bench_sweep_finds_the_capped_plateau_and_the_page_draws_it(tmp_path):
     s = data["sweep"]
     rates = [p["offered_rate"] for p in s["points"]]
     assert rates[:3] == [4, 8, 16] and s["saturation"]["reached"]
-    e2e = min(r["e2e_ms"]["p50"] for r in data["runs"]) / 1000
-    bound = 2 / e2e  # two requests in flight, each at least e2e long
-    assert 0.5 * bound <= s["saturation"]["request_throughput"] <= 1.1 * bound
-    assert rates[-1] >= 2 * bound / 1.15  # it went past the plateau before stopping...
+    # Judged per run: a bound from the fastest run's e2e (the old test) failed whenever load came
+    # and went during the sweep (5 of 8 sweeps under intermittent CPU hogs): a slowed run at 32/s
+    # rightly ends the sweep on a lower plateau, which that bound called "stopped too early".
+    by_rate = {r["request_rate"]: r for r in data["runs"]}
+    occupancy = {rate: _occupancy(run, slots=2) for rate, run in by_rate.items()}
+    assert max(occupancy.values()) <= 1.001, occupancy  # never more than 2 in flight: the cap held
+    last = by_rate[rates[-1]]
+    cap_at_stop = 2 / (sum(_e2e_s(last)) / len(_e2e_s(last)))  # req/s two slots give at that run's e2e
+    assert occupancy[rates[-1]] >= 0.8, occupancy  # the last rate kept both slots busy: on the plateau...
+    assert rates[-1] >= 2 * cap_at_stop / 1.15  # ...past it (half that rate would still have grown)...
     assert len(rates) <= 6  # ...and stopped there
+    ceiling = 2 / ((20 + (8 - 1) * 10) / 1000)  # the stand-in's own timing: no load makes e2e shorter
+    assert 0.8 * cap_at_stop <= s["saturation"]["request_throughput"] <= ceiling
     assert "sweep: saturation reached" in proc.stderr
     assert s["max_rate_meeting_slo"] == max(p["offered_rate"] for p in s["points"] if p["good_fraction"] >= 0.9)
     page = tmp_path / "sweep.html"

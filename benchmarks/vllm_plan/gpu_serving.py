@@ -10,7 +10,11 @@ One server A (gpu_startups.py's s05: random-weight qwen2.5-1.5b, utilization 0.9
   output reaching the API process) and the middleware's `harness:http_ttft_seconds` (ASGI arrival
   to the first token chunk sent), each run's p50 interpolated from the buckets and its exact mean
   (_sum / _count). The harness's run also matches the middleware's stamps request by request:
-  client TTFT - server HTTP TTFT is the client's own error (`server_http_ttft.client_excess_ms`).
+  client TTFT - server HTTP TTFT is the client's own error (`server_http_ttft.client_excess_ms`),
+  its send delay split at the client's `written_s` stamp into `client_write_ms` (the client's own
+  send path) and `server_read_ms` (kernel and server up to the ASGI app), p50s on each `c=` line;
+  vllm bench's requests are matched the same way (server_stamps.summarize, from its per-request
+  ttfts: no send stamps, so no split).
   The client runs bench_workers(c) processes (at most 32 slots each: at c=256 4 workers sent
   64 requests each at t0 and lag p99 went over 10 ms; the server's API process and engine core
   need ~2-3 of the 16 cores). No ramp-up: `vllm bench serve --ramp-up-strategy` ramps a request
@@ -47,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_startups import SETTINGS, append, flag_args, startup_record  # noqa: E402
 from harness.atomic import write_json  # noqa: E402
 from harness.serving import compare as cmp  # noqa: E402
-from harness.serving import metrics  # noqa: E402
+from harness.serving import metrics, server_stamps  # noqa: E402
 from harness.serving.client import Target  # noqa: E402
 from harness.serving.launcher import launch_vllm  # noqa: E402
 from harness.serving.runner import BenchConfig, run_bench  # noqa: E402
@@ -132,17 +136,6 @@ def http_ttft_exact(data: dict) -> dict:
 
     s = summary(x["ttft_s"] for x in data["requests"] if x.get("ttft_s") is not None)
     return {"p50_ms": s["p50"], "p99_ms": s["p99"], "mean_ms": s["mean"], "count": s["count"]}
-
-
-def client_excess(ttfts: dict, stamps: dict) -> dict:
-    """Client TTFT - server HTTP TTFT per request matched by id (what server_stamps.py does for
-    the harness's own runs)."""
-    from harness.serving.stats import summary
-
-    server = {x["request_id"]: x["ttft_s"] for x in stamps["requests"] if x.get("ttft_s") is not None}
-    matched = [rid for rid in ttfts if rid in server]
-    return {"matched": len(matched), "requests_ok": len(ttfts), "ttft_ms": summary(server[r] for r in matched),
-            "client_excess_ms": summary(ttfts[r] - server[r] for r in matched)}
 
 
 def histogram_mean_ms(before: str, after: str, name: str) -> float | None:
@@ -237,7 +230,7 @@ def bench_level(server, model_dir: Path, c: int, runs: Path, vllm: VllmBench) ->
         stamps = http_stamps(server.base_url, seq)
         row[tool]["server_http_ttft_exact"] = http_ttft_exact(stamps)
         if "_ttfts" in row[tool]:  # vllm bench's own error per request, as the harness's run records it
-            row[tool]["server_http_ttft"] = client_excess(row[tool].pop("_ttfts"), stamps)
+            row[tool]["server_http_ttft"] = server_stamps.summarize(row[tool].pop("_ttfts"), None, stamps)
         # every request the server saw in the run, warm-up included (the clients' figures are not)
         for key, name in (("server_ttft", VLLM_TTFT), ("server_http_ttft", HTTP_TTFT)):
             b, a = ttft_buckets(before, name), ttft_buckets(after, name)
@@ -260,10 +253,14 @@ def _matched_p50(run: dict) -> float | None:
 
 def level_line(row: dict) -> str:
     """harness TTFT p50/p99, vllm bench's, the server's HTTP TTFT p50 and vLLM's histogram p50/mean
-    in each client's run, both throughputs, the harness's lag and whether it was client-bound."""
+    in each client's run, both throughputs, the harness's lag, each client's excess over the
+    server's HTTP TTFT, the harness's send delay and its split (client write, server read), and
+    whether it was client-bound."""
     h, v = row["harness"], row["vllm"]
     ttft, lag = h.get("ttft_ms") or {}, h.get("schedule_lag_ms") or {}
-    excess = ((h.get("server_http_ttft") or {}).get("client_excess_ms") or {}).get("p50")
+    http = h.get("server_http_ttft") or {}
+    excess, send, write, read = ((http.get(k) or {}).get("p50") for k in ("client_excess_ms", "send_delay_ms",
+                                                                          "client_write_ms", "server_read_ms"))
     v_excess = ((v.get("server_http_ttft") or {}).get("client_excess_ms") or {}).get("p50")
     bound = h.get("client_bound")
     return (f"c={row['concurrency']}: TTFT p50/p99 harness {_f(ttft.get('p50'))}/{_f(ttft.get('p99'))} ms, "
@@ -273,7 +270,8 @@ def level_line(row: dict) -> str:
             f"{_f(v['server_ttft_mean_ms'])} (vllm run) ms | out tok/s harness {_f(h.get('output_throughput'), 0)} "
             f"vllm {_f(v.get('output_throughput'), 0)} | harness lag p50/p99 {_f(lag.get('p50'), 2)}/"
             f"{_f(lag.get('p99'), 2)} ms, {row['harness_workers']} workers | client excess p50 harness "
-            f"{_f(excess, 2)} vllm {_f(v_excess, 2)} ms | "
+            f"{_f(excess, 2)} vllm {_f(v_excess, 2)} ms | harness send delay p50 {_f(send, 2)} ms (client write "
+            f"{_f(write, 2)}, server read {_f(read, 2)}) | "
             + ("CLIENT-BOUND: " + "; ".join(h.get("client_bound_reasons") or []) if bound
                else "not client-bound" if bound is False else "client-bound: unknown"))
 

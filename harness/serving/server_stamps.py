@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import aiohttp
 
@@ -48,35 +48,43 @@ async def cursor(session: aiohttp.ClientSession, base_url: str) -> int | None:
     return data.get("seq") if data else None
 
 
-def summarize(records: Sequence[RequestRecord], t0: float, data: dict | None) -> dict | None:
-    """The run's server HTTP TTFT beside the client's, with the client's excess per request."""
+def summarize(records: Sequence[RequestRecord] | Mapping[str, float], t0: float | None,
+              data: dict | None) -> dict | None:
+    """The run's server HTTP TTFT beside the client's, with the client's excess per request.
+
+    `records`: the harness's own RequestRecords, `t0` their run's start on time.monotonic(); or,
+    for an outside client that gives no more than its TTFT per successful request (`vllm bench
+    serve`: request id -> client TTFT in s), a mapping, `t0` None: its excess is matched the same
+    way, and its send and receive split, needing the client's send stamps, is None."""
     if not data:
         return None
     stamps = {s.get("request_id"): s for s in data["requests"] if s.get("request_id")}
     same_clock = data.get("boot_id") is not None and data.get("boot_id") == _boot_id()
+    timed = same_clock and t0 is not None and not isinstance(records, Mapping)
+    rows = ([(rid, ttft_s, None) for rid, ttft_s in records.items()] if isinstance(records, Mapping)
+            else [(r.request_id, r.ttft_s, r) for r in records if r.ok])  # (id, client TTFT, record)
     server, excess, send, receive, write, read = [], [], [], [], [], []
-    for r in records:
-        s = stamps.get(r.request_id)
-        if not r.ok or s is None or s.get("ttft_s") is None or r.ttft_s is None:
+    for rid, ttft_s, r in rows:
+        s = stamps.get(rid)
+        if s is None or s.get("ttft_s") is None or ttft_s is None:
             continue
         server.append(s["ttft_s"])
-        excess.append(r.ttft_s - s["ttft_s"])
-        if same_clock:
+        excess.append(ttft_s - s["ttft_s"])
+        if timed:
             send.append(s["arrival_s"] - (t0 + r.sent_s))
             receive.append(t0 + r.first_token_s - s["first_token_s"])
             if r.written_s is not None:
                 write.append(r.written_s - r.sent_s)
                 read.append(s["arrival_s"] - (t0 + r.written_s))
-    ok = sum(1 for r in records if r.ok)
     return {
         "definition": "server: ASGI request arrival -> first response chunk carrying a token (http_ttft.py); "
                       "client_excess: client TTFT - server HTTP TTFT, per request",
-        "requests_ok": ok, "matched": len(server),
+        "requests_ok": len(rows), "matched": len(server),
         "ttft_ms": summary(server),
         "client_excess_ms": summary(excess) | {"min": min(excess) * 1000 if excess else None},
         "same_clock": same_clock,
-        "send_delay_ms": summary(send) if same_clock else None,
-        "receive_delay_ms": summary(receive) if same_clock else None,
+        "send_delay_ms": summary(send) if timed else None,
+        "receive_delay_ms": summary(receive) if timed else None,
         # the send delay's two parts, per request: client_write + server_read = send_delay
         "client_write_ms": _with_min(write),
         "server_read_ms": _with_min(read),
