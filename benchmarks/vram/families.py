@@ -28,7 +28,9 @@ while Mistral's random checkpoint is still being saved. "fresh", the third
 blocks at the peak), its checkpointed batch-2 QLoRA steps at new lengths and ranks, and 30 plan --train boundary cases under the 6 GiB card (6 per family: Mistral-7B, Gemma-2,
 Gemma-3, Qwen3, Phi-4-mini; half predicted to fit, within 12% of the verdict), none at a setting a
 committed row ran. "reserve", the fourth (benchmarks/vram/measured-families-4/): 36 fresh boundary
-cases for the training reserve of estimate.REALLOCATED_HOLES (reserve_jobs). `--list` prints the jobs with each case's prediction and verdict.
+cases for the training reserve of estimate.REALLOCATED_HOLES (reserve_jobs); "reserve2", the fifth
+(measured-families-5/): 36 more, drawn after the reserve was chosen again over all 186 committed
+cases. `--list` prints the jobs with each case's prediction and verdict.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ FAMILIES = ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "phi-4-mini")
 FIT_EXCLUDED = ("qwen3-1.7b", "phi-4-mini", "mistral-7b-v0.3", "qwen3-30b-a3b")
 SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b"),
         "fresh": ("mistral-7b-v0.3",) + FAMILIES,
-        "reserve": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
+        "reserve": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
+        "reserve2": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -293,19 +296,25 @@ def fresh_jobs() -> list[dict]:
     return snap_jobs + [train_job(c) for c in interleave(b2, first) + rest]
 
 
-def reserve_jobs() -> list[dict]:
-    """The fourth run (--set reserve): fresh plan --train boundary cases for the training reserve
-    with the re-allocated blocks' holes (estimate.REALLOCATED_HOLES), drawn after it was chosen on
-    the three runs before and the truth runs: six families, one never run at a boundary
-    (llama-3.2-3b), six cases each, half predicted to fit, none at a committed setting. Mistral's
-    first (its checkpoint takes longest to save), the rest interleaved by family."""
+# (seed, runs committed before the set was drawn) of the reserve sets: the fourth run tested the
+# reserve chosen on the 150 cases before it, the fifth the same rule's choice over all 186
+RESERVE_SETS = {"reserve": (2729, 3), "reserve2": (2730, 4)}
+
+
+def reserve_jobs(job_set: str = "reserve") -> list[dict]:
+    """The fourth and fifth runs (--set reserve, reserve2): fresh plan --train boundary cases for the
+    training reserve with the re-allocated blocks' holes (estimate.REALLOCATED_HOLES), drawn after
+    it was chosen on the runs before and the truth runs: six families (llama-3.2-3b first run at a
+    boundary in the fourth), six cases each, half predicted to fit, none at a committed setting.
+    Mistral's first (its checkpoint takes longest to save), the rest interleaved by family."""
     from harness.memory.train_matrix import load_truth
 
+    seed, runs = RESERVE_SETS[job_set]
     truth, _ = load_truth()
-    seen = committed_settings(3) | {(r["arch"], r["targets"], r["lora_r"], r["grad_checkpointing"], r["batch"],
-                                     r["seq_len"], r["optimizer"]) for r in truth}
-    families = SETS["reserve"]
-    boundary = fresh_boundary_cases(random.Random(2729), seen, FRESH_PER_FAMILY, families)
+    seen = committed_settings(runs) | {(r["arch"], r["targets"], r["lora_r"], r["grad_checkpointing"], r["batch"],
+                                        r["seq_len"], r["optimizer"]) for r in truth}
+    families = SETS[job_set]
+    boundary = fresh_boundary_cases(random.Random(seed), seen, FRESH_PER_FAMILY, families)
     per_arch = [[c for c in boundary if c.arch == a] for a in families[1:]]
     rest = [c for group in zip(*per_arch) for c in group] + [c for g in per_arch for c in g[min(map(len, per_arch)):]]
     return [train_job(c) for c in [c for c in boundary if c.arch == families[0]] + rest]
@@ -339,8 +348,8 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
         return mistral_moe_jobs()
     if job_set == "fresh":
         return fresh_jobs()
-    if job_set == "reserve":
-        return reserve_jobs()
+    if job_set in RESERVE_SETS:
+        return reserve_jobs(job_set)
     rng = random.Random(27)
     boundary = [train_job(c) for c in boundary_cases(rng, 6)]
     first = snapshot_jobs()

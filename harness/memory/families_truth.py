@@ -23,7 +23,9 @@ FAMILIES_DIR_3 = FAMILIES_DIR.parent / "measured-families-3"
 # the fourth (--set reserve): fresh plan --train boundary cases for the training reserve with the
 # re-allocated blocks' holes (estimate.REALLOCATED_HOLES)
 FAMILIES_DIR_4 = FAMILIES_DIR.parent / "measured-families-4"
-FAMILIES_DIRS = (FAMILIES_DIR, FAMILIES_DIR_2, FAMILIES_DIR_3, FAMILIES_DIR_4)
+# the fifth (--set reserve2): the same, for the reserve chosen again over the 186 cases before it
+FAMILIES_DIR_5 = FAMILIES_DIR.parent / "measured-families-5"
+FAMILIES_DIRS = (FAMILIES_DIR, FAMILIES_DIR_2, FAMILIES_DIR_3, FAMILIES_DIR_4, FAMILIES_DIR_5)
 # never used to fit a coefficient (benchmarks/vram/families.py FIT_EXCLUDED); phi-4-mini's training
 # error without checkpointing led to one structural correction read from torch's SDPA code (the fused
 # qkv is not kept alive when K/V are repeated, estimate.saved_activations), so that figure is not blind
