@@ -27,16 +27,17 @@ MIN_BOUNDARY = 20
 # out of sample in the third run too (7 fresh rows: median 1.1%, worst +3.4%, worst under -2.7%).
 # plan --train: the flat 5.7% training reserve let two large-LoRA adamw_torch steps run out in the
 # third run (phi-4-mini all r32 1x128, gemma-3-1b all r64 2x320: the peak right, the caching
-# allocator's reserve 15-19%); the reserve with the re-allocated blocks' holes
-# (estimate.REALLOCATED_HOLES, docs/vram.md "Where a training step's reserve goes") refuses both and
-# agrees on 66 of the first three runs' 68 cases. Its out-of-sample test, the fourth run's 36 fresh
-# cases, agrees on 35 (97.2%), every family 6 of 6 but llama-3.2-3b (never run at a boundary
-# before): one predicted fit ran out there, planned 0.4% under the line (attention r32 896 x 1,
-# adamw_8bit). Pinned case by case, so that a new one still fails.
+# allocator's reserve 15-19%). The reserve with the re-allocated blocks' holes
+# (estimate.REALLOCATED_HOLES, docs/vram.md "Where a training step's reserve goes"), chosen on the
+# 150 cases before the fourth run, agreed on 35 of its 36 fresh cases with one predicted fit that
+# ran out (llama-3.2-3b, 0.4% under the line); chosen again by the same rule over all 186 it lets
+# none run out and agrees on 99 of the families runs' 104, refusing four Mistral-7B cases that
+# fitted (its reserve is nearer 4% than the 4.5% the other families need) and one of Qwen3's. Those
+# two families are pinned where they stand, so that a regression still fails.
 SHORTFALL: dict[tuple[str, str], float] = {}  # (table, arch) -> worst under
-AGREEMENT_SHORTFALL = {"qwen3-1.7b": 17 / 18, "llama-3.2-3b": 5 / 6}
-# (arch, targets, lora_r, batch, seq_len, optimizer) of the predicted fits that ran out (fourth run)
-FALSE_FIT_SHORTFALL = {("llama-3.2-3b", "attn", 32, 1, 896, "adamw_8bit")}
+AGREEMENT_SHORTFALL = {"mistral-7b-v0.3": 22 / 26, "qwen3-1.7b": 17 / 18}
+# (arch, targets, lora_r, batch, seq_len, optimizer) of predicted fits that ran out: none
+FALSE_FIT_SHORTFALL: set[tuple] = set()
 
 
 def _case(r: dict) -> tuple:
