@@ -74,7 +74,8 @@ FRAGMENTATION_BLOCKS = 1.5
 # settings that let no predicted fit run out, the smallest logistic loss on the margin. Chosen on
 # the first 150 cases (0.035 / 0.15 / 0.75), the fourth families run's 36 fresh cases agreed on 35
 # with one predicted fit that ran out, 0.4% under the line; the same rule over all 186 gives these,
-# and the fifth run's fresh cases are their test (docs/vram.md, "Where a training step's reserve goes").
+# not yet tested on fresh cases (benchmarks/vram/families.py --set reserve2; docs/vram.md, "Where a
+# training step's reserve goes").
 REALLOCATED_HOLES = {"logits": 0.10, "optimizer_states": 0.75}
 
 
