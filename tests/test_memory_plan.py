@@ -228,3 +228,27 @@ def test_training_verdicts_keep_room_for_the_holes_a_step_leaves(capsys):
     at = E.estimate(shape, E.Query("nf4-dq", "train", seq_len=p["max_seq_len"] + 1))
     assert not B.fits(at.planned_bytes, plan["budget_bytes"], plan["context_bytes"], p["headroom"])
     assert B.fits(at.peak_bytes, plan["budget_bytes"], plan["context_bytes"], p["headroom"])
+
+
+def test_a_training_verdict_near_the_line_says_it_is_tight(capsys):
+    """Within budget.TRAIN_VERDICT_UNCERTAINTY of the usable bytes (where the measured training
+    runs went either way) the verdict keeps its answer and says how near the line it is; further
+    away, and for inference, it says nothing more."""
+    from harness.memory import budget as B
+
+    seen = set()
+    for seq in range(500, 1001, 50):
+        o = run_json(capsys, "estimate", "--config", "llama-3.2-1b", "--precision", "nf4-dq", "--mode", "train",
+                     "--seq-len", str(seq), "--batch", "2", "--budget", "6GiB")[0]
+        planned = o["peak_bytes"] + o["fragmentation_bytes"]
+        margin = B.usable_for_peak(o["budget_bytes"], o["context_bytes"], B.default_headroom("train")) / planned - 1
+        tight = abs(margin) <= B.TRAIN_VERDICT_UNCERTAINTY
+        seen.add(tight)
+        assert ("; tight: " in o["verdict"]) is tight, (seq, margin, o["verdict"])
+        assert o["fits"] is (margin >= 0)
+        if tight:
+            assert f"{abs(margin):.1%} {'under' if margin >= 0 else 'over'} the line" in o["verdict"]
+    assert seen == {True, False}  # the lengths span both
+    o = run_json(capsys, "estimate", "--config", "llama-3.2-1b", "--precision", "bf16", "--mode", "prefill",
+                 "--seq-len", "131072", "--budget", "6GiB")[0]
+    assert "tight" not in o["verdict"]

@@ -141,6 +141,28 @@ def need_text(what: str, need: int, budget_bytes: int, context_bytes: int, headr
     return f"{what} need {_size(need, usable)}{note}; {usable_text(budget_bytes, context_bytes, headroom, need)}"
 
 
+# How near the line a training verdict is a coin flip: under the emulated 6 GiB card (four H200
+# families runs and two truth runs, 186 boundary cases) the training reserve's misses lay within
+# 3.1% of the line, on either side over the two choices of its terms, but one (llama-3.2-1b all-linear
+# r64 768 x 2, refused 11% over it: its peak is put 4% high); docs/vram.md, "Where a training step's
+# reserve goes".
+TRAIN_VERDICT_UNCERTAINTY = 0.035
+
+
+def tight_note(need: int, budget_bytes: int, context_bytes: int, headroom: float, mode: str) -> str:
+    """'; tight: 0.4% under the line, ...' for a training verdict within TRAIN_VERDICT_UNCERTAINTY of
+    the usable bytes (the verdict stands: this says how much to trust it), else ''."""
+    if mode != "train" or need <= 0:
+        return ""
+    margin = usable_for_peak(budget_bytes, context_bytes, headroom) / need - 1
+    if abs(margin) > TRAIN_VERDICT_UNCERTAINTY:
+        return ""
+    side = "under" if margin >= 0 else "over"
+    band = f"{TRAIN_VERDICT_UNCERTAINTY:.1%}".replace(".0%", "%")
+    return (f"; tight: {abs(margin):.1%} {side} the line, within the {band} where the measured training "
+            "runs went either way")
+
+
 @dataclass(frozen=True)
 class ContextLimit:
     tokens: int | None  # None: the config states no limit
