@@ -240,21 +240,27 @@ def test_kv_cache_goal_over_all_three_holds():
     assert all(c.predicted_starts == c.logged_started for c in CHECKS.values())
 
 
-def test_hold3_gate_counts_from_its_files(tmp_path):
-    """The gate's verdicts recomputed from the raw results files with today's compare: 17 A and 5 B
-    benches (bench 23 did not fit the 300 s), so 8 A/A pairs, not 10; the harness's policy calls no A/A
-    regression and every A/B one; vllm-ci 3 of 8 A/A."""
+def _gate_from_files(gate: Path, sizes: tuple[int, int], hold: dict) -> tuple[list[Path], dict, dict]:
+    """A hold's gate verdicts recomputed from its raw A-*/B-* results files with today's compare
+    (gpu_serving.gate_table, 10 pairs asked): as many files as `sizes` says, the same table and pair
+    verdicts as the hold's JSON; (A files, result, {(comparison, policy): (regressed, pairs)})."""
     import sys
 
     sys.path.insert(0, str(MEASURED_DIR.parent))
     from gpu_serving import gate_table
 
-    gate = _raw3(tmp_path) / "machine2" / "gate"
     a, b = sorted(gate.glob("A-*.json")), sorted(gate.glob("B-*.json"))
-    assert (len(a), len(b)) == (17, 5)
+    assert (len(a), len(b)) == sizes
     result = gate_table(a, b, pairs=10)
-    assert result["table"] == HOLD3["gate"]["table"] and result["pairs"] == HOLD3["gate"]["pairs"]
-    counts = {(r["comparison"], r["policy"]): (r["regressed"], r["pairs"]) for r in result["table"]}
+    assert result["table"] == hold["gate"]["table"] and result["pairs"] == hold["gate"]["pairs"]
+    return a, result, {(r["comparison"], r["policy"]): (r["regressed"], r["pairs"]) for r in result["table"]}
+
+
+def test_hold3_gate_counts_from_its_files(tmp_path):
+    """The gate's verdicts recomputed from the raw results files with today's compare: 17 A and 5 B
+    benches (bench 23 did not fit the 300 s), so 8 A/A pairs, not 10; the harness's policy calls no A/A
+    regression and every A/B one; vllm-ci 3 of 8 A/A."""
+    _, _, counts = _gate_from_files(_raw3(tmp_path) / "machine2" / "gate", (17, 5), HOLD3)
     assert counts == {("A/A", "harness"): (0, 8), ("A/A", "vllm-ci"): (3, 8),
                       ("A/B", "harness"): (5, 5), ("A/B", "vllm-ci"): (5, 5)}
 
@@ -263,6 +269,40 @@ def _pct(xs, q):
     from harness.serving.stats import percentile
 
     return percentile(list(xs), q)
+
+
+def _lag_ms(run: dict) -> list[float]:
+    """The client's schedule lag of each request of one run, from its stamps: sent - scheduled."""
+    return [1000 * (q["sent_s"] - q["scheduled_s"]) for q in run["requests"]]
+
+
+def _bench_level(runs: Path, row: dict) -> dict:
+    """One level of a hold's bench recomputed from its raw results files (the harness's run is
+    returned): the harness's TTFT p50/p99, output tok/s and schedule lag from its per-request records;
+    vllm bench serve's from its per-request ttfts; every request of both matched to the server's
+    stamps, the server's stamp inside the client's, neither client-bound, the harness's excess p50 below
+    vllm bench's, vLLM's histogram p50 inside its bucket."""
+    c, h, v = row["concurrency"], row["harness"], row["vllm"]
+    run = json.loads((runs / f"harness-c{c}.json").read_text())["runs"][0]
+    ok = [q for q in run["requests"] if q["error"] is None]
+    assert len(ok) == row["num_prompts"] == h["server_http_ttft"]["matched"], c
+    ttft = [q["ttft_ms"] for q in ok]
+    assert abs(_pct(ttft, 50) - h["ttft_ms"]["p50"]) < 1e-6 and abs(_pct(ttft, 99) - h["ttft_ms"]["p99"]) < 1e-6
+    lag = _lag_ms(run)
+    assert abs(_pct(lag, 50) - h["schedule_lag_ms"]["p50"]) < 1e-3 and abs(_pct(lag, 99) - h["schedule_lag_ms"]["p99"]) < 1e-3
+    assert abs(sum(q["completion_tokens"] for q in ok) / run["duration_s"] - h["output_throughput"]) < 1e-6
+    assert run["server_http_ttft"]["client_excess_ms"]["min"] > 0, c  # the server's stamp is inside the client's
+    assert h["client_bound"] is False and h["workers"] == row["harness_workers"], c
+    vb = json.loads((runs / f"vllm-bench-c{c}.json").read_text())
+    vt = [1000 * t for t, err in zip(vb["ttfts"], vb["errors"]) if not err]
+    assert len(vt) == row["num_prompts"] == v["server_http_ttft"]["matched"], c
+    assert abs(_pct(vt, 50) - v["median_ttft_ms"]) < 1e-6 and abs(_pct(vt, 99) - v["p99_ttft_ms"]) < 1e-6
+    assert abs(vb["total_output_tokens"] / vb["duration"] - v["output_throughput"]) < 1e-6
+    assert (h["server_http_ttft"]["client_excess_ms"]["p50"] < v["server_http_ttft"]["client_excess_ms"]["p50"]), c
+    for run_ in (h, v):  # vLLM's histogram: the interpolated p50 inside its bucket, a mean per run
+        lo, hi = run_["server_ttft_p50"]["bucket_ms"]
+        assert lo <= run_["server_ttft_p50"]["ms"] <= hi and run_["server_ttft_mean_ms"] > 0, c
+    return run
 
 
 def test_hold3_bench_table_from_the_raw_files(tmp_path):
@@ -275,27 +315,8 @@ def test_hold3_bench_table_from_the_raw_files(tmp_path):
     rows = HOLD3["bench"]["rows"]
     assert [r["concurrency"] for r in rows] == [1, 16, 64, 128, 256]
     for row in rows:
-        c, h, v = row["concurrency"], row["harness"], row["vllm"]
-        run = json.loads((runs / f"harness-c{c}.json").read_text())["runs"][0]
-        ok = [q for q in run["requests"] if q["error"] is None]
-        assert len(ok) == row["num_prompts"] == h["server_http_ttft"]["matched"], c
-        ttft = [q["ttft_ms"] for q in ok]
-        assert abs(_pct(ttft, 50) - h["ttft_ms"]["p50"]) < 1e-6 and abs(_pct(ttft, 99) - h["ttft_ms"]["p99"]) < 1e-6
-        lag = [1000 * (q["sent_s"] - q["scheduled_s"]) for q in run["requests"]]
-        assert abs(_pct(lag, 50) - h["schedule_lag_ms"]["p50"]) < 1e-3 and abs(_pct(lag, 99) - h["schedule_lag_ms"]["p99"]) < 1e-3
-        assert abs(sum(q["completion_tokens"] for q in ok) / run["duration_s"] - h["output_throughput"]) < 1e-6
-        assert run["server_http_ttft"]["ttft_ms"] == h["server_http_ttft"]["ttft_ms"]
-        assert run["server_http_ttft"]["client_excess_ms"]["min"] > 0, c  # the server's stamp is inside the client's
-        assert h["client_bound"] is False and h["workers"] == row["harness_workers"], c
-        vb = json.loads((runs / f"vllm-bench-c{c}.json").read_text())
-        vt = [1000 * t for t, err in zip(vb["ttfts"], vb["errors"]) if not err]
-        assert len(vt) == row["num_prompts"] == v["server_http_ttft"]["matched"], c
-        assert abs(_pct(vt, 50) - v["median_ttft_ms"]) < 1e-6 and abs(_pct(vt, 99) - v["p99_ttft_ms"]) < 1e-6
-        assert abs(vb["total_output_tokens"] / vb["duration"] - v["output_throughput"]) < 1e-6
-        assert (h["server_http_ttft"]["client_excess_ms"]["p50"] < v["server_http_ttft"]["client_excess_ms"]["p50"]), c
-        for run_ in (h, v):  # vLLM's histogram: the interpolated p50 inside its bucket, a mean per run
-            lo, hi = run_["server_ttft_p50"]["bucket_ms"]
-            assert lo <= run_["server_ttft_p50"]["ms"] <= hi and run_["server_ttft_mean_ms"] > 0, c
+        run = _bench_level(runs, row)
+        assert run["server_http_ttft"]["ttft_ms"] == row["harness"]["server_http_ttft"]["ttft_ms"]
 
 
 def test_hold3_awq_served_with_exact_tokens(tmp_path):
@@ -317,11 +338,6 @@ def _raw4(tmp_path: Path) -> Path:
     return tmp_path / "machine1"
 
 
-def _lag_p99_ms(run: dict) -> float:
-    """The client's schedule lag p99 of one run, from its per-request stamps: sent - scheduled."""
-    return _pct((1000 * (q["sent_s"] - q["scheduled_s"]) for q in run["requests"]), 99)
-
-
 def test_hold4_gate_counts_from_its_files(tmp_path):
     """The gate's verdicts recomputed from the raw results files with today's compare: 20 A and 5 B benches,
     10 A/A pairs; the harness's policy calls every A/B pair and 1 of 10 A/A, vllm-ci 5 of 10 A/A.
@@ -333,17 +349,7 @@ def test_hold4_gate_counts_from_its_files(tmp_path):
     six runs (at most 0.78 ms) and neither file was client-bound. The same server swings between the two
     regimes inside single files of the other pairs: A-00, A-02, A-10 and A-14 each hold a run >= 1,900 tok/s
     and one <= 1,300 tok/s."""
-    import sys
-
-    sys.path.insert(0, str(MEASURED_DIR.parent))
-    from gpu_serving import gate_table
-
-    gate = _raw4(tmp_path) / "gate"
-    a, b = sorted(gate.glob("A-*.json")), sorted(gate.glob("B-*.json"))
-    assert (len(a), len(b)) == (20, 5)
-    result = gate_table(a, b, pairs=10)
-    assert result["table"] == HOLD4["gate"]["table"] and result["pairs"] == HOLD4["gate"]["pairs"]
-    counts = {(r["comparison"], r["policy"]): (r["regressed"], r["pairs"]) for r in result["table"]}
+    a, result, counts = _gate_from_files(_raw4(tmp_path) / "gate", (20, 5), HOLD4)
     assert counts == {("A/A", "harness"): (1, 10), ("A/A", "vllm-ci"): (5, 10),
                       ("A/B", "harness"): (5, 5), ("A/B", "vllm-ci"): (5, 5)}
     red = [(p["baseline"], p["candidate"]) for p in result["pairs"]
@@ -356,7 +362,7 @@ def test_hold4_gate_counts_from_its_files(tmp_path):
         for run in runs[name]:
             ok = [q for q in run["requests"] if q["error"] is None]
             assert abs(sum(q["completion_tokens"] for q in ok) / run["duration_s"] - run["output_throughput"]) < 1e-6
-            lag = _lag_p99_ms(run)
+            lag = _pct(_lag_ms(run), 99)
             assert abs(lag - run["schedule_lag_ms"]["p99"]) < 1e-3 and lag < 1.0, (name, lag)
             assert run["client_bound"] is False and not run["client_bound_reasons"], name
         tok_s[name] = [round(r["output_throughput"]) for r in runs[name]]
@@ -381,27 +387,10 @@ def test_hold4_bench_table_from_the_raw_files(tmp_path):
     assert [r["concurrency"] for r in rows] == [1, 16, 64, 128, 256]
     read_p50 = []
     for row in rows:
-        c, h, v = row["concurrency"], row["harness"], row["vllm"]
-        run = json.loads((runs / f"harness-c{c}.json").read_text())["runs"][0]
+        c, h = row["concurrency"], row["harness"]
+        run = _bench_level(runs, row)
         ok = [q for q in run["requests"] if q["error"] is None]
-        assert len(ok) == row["num_prompts"] == h["server_http_ttft"]["matched"], c
-        ttft = [q["ttft_ms"] for q in ok]
-        assert abs(_pct(ttft, 50) - h["ttft_ms"]["p50"]) < 1e-6 and abs(_pct(ttft, 99) - h["ttft_ms"]["p99"]) < 1e-6
-        lag = [1000 * (q["sent_s"] - q["scheduled_s"]) for q in run["requests"]]
-        assert abs(_pct(lag, 50) - h["schedule_lag_ms"]["p50"]) < 1e-3 and abs(_pct(lag, 99) - h["schedule_lag_ms"]["p99"]) < 1e-3
-        assert abs(sum(q["completion_tokens"] for q in ok) / run["duration_s"] - h["output_throughput"]) < 1e-6
         assert run["server_http_ttft"] == h["server_http_ttft"]
-        assert run["server_http_ttft"]["client_excess_ms"]["min"] > 0, c  # the server's stamp is inside the client's
-        assert h["client_bound"] is False and h["workers"] == row["harness_workers"], c
-        vb = json.loads((runs / f"vllm-bench-c{c}.json").read_text())
-        vt = [1000 * t for t, err in zip(vb["ttfts"], vb["errors"]) if not err]
-        assert len(vt) == row["num_prompts"] == v["server_http_ttft"]["matched"], c
-        assert abs(_pct(vt, 50) - v["median_ttft_ms"]) < 1e-6 and abs(_pct(vt, 99) - v["p99_ttft_ms"]) < 1e-6
-        assert abs(vb["total_output_tokens"] / vb["duration"] - v["output_throughput"]) < 1e-6
-        assert (h["server_http_ttft"]["client_excess_ms"]["p50"] < v["server_http_ttft"]["client_excess_ms"]["p50"]), c
-        for run_ in (h, v):  # vLLM's histogram: the interpolated p50 inside its bucket, a mean per run
-            lo, hi = run_["server_ttft_p50"]["bucket_ms"]
-            assert lo <= run_["server_ttft_p50"]["ms"] <= hi and run_["server_ttft_mean_ms"] > 0, c
         # the send split: client write recomputed from the stamps (each rounded to 1 us, so within 2 us)
         split = h["server_http_ttft"]
         write, read = split["client_write_ms"], split["server_read_ms"]

@@ -236,15 +236,26 @@ FRESH_MISTRAL_B2 = (("attn", 16, 384), ("all", 32, 640), ("attn", 8, 896), ("all
 FRESH_SNAPSHOTS = (("attn", 8, 1, 2560), ("all", 16, 2, 448))
 
 
-def committed_settings(runs: int = 2) -> set[tuple]:
-    """(arch, targets, r, checkpointing, batch, seq, optimizer) of every training row of the first
-    `runs` runs (those before the set being drawn), so a set stays the same once its own rows are
-    committed."""
+def setting(row: dict) -> tuple:
+    """(arch, targets, r, checkpointing, batch, seq, optimizer) of a training row (or asdict(TrainCase))."""
+    return tuple(row[k] for k in ("arch", "targets", "lora_r", "grad_checkpointing", "batch", "seq_len", "optimizer"))
+
+
+def committed_settings(runs: int = 2, truth: bool = False) -> set[tuple]:
+    """The settings of every training row of the first `runs` families runs (those before the set
+    being drawn), and with `truth` of the truth runs too, so a set stays the same once its own rows
+    are committed."""
     from harness.memory import families_truth as T
+    from harness.memory.train_matrix import load_truth
 
     rows = [r for d in T.FAMILIES_DIRS[:runs] for r in T.load_rows(d)["train"]]
-    return {(r["arch"], r["targets"], r["lora_r"], r["grad_checkpointing"], r["batch"], r["seq_len"], r["optimizer"])
-            for r in rows}
+    return {setting(r) for r in rows + (load_truth()[0] if truth else [])}
+
+
+def interleaved_by_family(cases: list[TrainCase], families: tuple[str, ...]) -> list[TrainCase]:
+    """One case of each family in turn, then what the families with more cases have left."""
+    per_arch = [[c for c in cases if c.arch == a] for a in families]
+    return [c for group in zip(*per_arch) for c in group] + [c for g in per_arch for c in g[min(map(len, per_arch)):]]
 
 
 def fresh_boundary_cases(rng: random.Random, seen: set[tuple], per_family: int = FRESH_PER_FAMILY,
@@ -264,7 +275,7 @@ def fresh_boundary_cases(rng: random.Random, seen: set[tuple], per_family: int =
             c = TrainCase(arch, "nf4-dq", rng.choice(("all", attn_targets(arch))), rng.choice(FRESH_RANKS),
                           rng.random() < 0.8, rng.choice((1, 2, 3)), rng.choice(FRESH_SEQS),
                           rng.choice(("adamw_torch", "adamw_8bit")), budget_bytes=BUDGET, role="boundary")
-            key = (c.arch, c.targets, c.lora_r, c.grad_checkpointing, c.batch, c.seq_len, c.optimizer)
+            key = setting(asdict(c))
             ratio = estimate(shape, c.query()).planned_bytes * (1 + RESERVE_FRACTION["train"]) / (BUDGET - ASSUMED_CONTEXT)
             side = below if ratio <= 1.0 else above
             if key in seen or c in below + above or not FRESH_RATIO[0] <= ratio <= FRESH_RATIO[1] \
@@ -283,12 +294,10 @@ def fresh_jobs() -> list[dict]:
     rng = random.Random(2728)
     mistral = SETS["fresh"][0]
     b2 = [TrainCase(mistral, "nf4-dq", t, r, True, 2, seq, "adamw_torch") for t, r, seq in FRESH_MISTRAL_B2]
-    b2 = [c for c in b2 if (c.arch, c.targets, c.lora_r, True, 2, c.seq_len, c.optimizer) not in seen]
+    b2 = [c for c in b2 if setting(asdict(c)) not in seen]
     boundary = fresh_boundary_cases(rng, seen)
     first = [c for c in boundary if c.arch == mistral]
-    rest = [c for c in boundary if c.arch != mistral]
-    per_arch = [[c for c in rest if c.arch == a] for a in SETS["fresh"][1:]]
-    rest = [c for group in zip(*per_arch) for c in group] + [c for g in per_arch for c in g[min(map(len, per_arch)):]]
+    rest = interleaved_by_family(boundary, SETS["fresh"][1:])
     snaps = [TrainCase(mistral, "nf4-dq", t, r, True, b, seq, "adamw_torch", role="snapshot", steps=2)
              for t, r, b, seq in FRESH_SNAPSHOTS]
     snap_jobs = [{"kind": "snapshot-train", "arch": c.arch, "case": asdict(c), "claim": claim_bytes(c),
@@ -307,17 +316,12 @@ def reserve_jobs(job_set: str = "reserve") -> list[dict]:
     it was chosen on the runs before and the truth runs: six families (llama-3.2-3b first run at a
     boundary in the fourth), six cases each, half predicted to fit, none at a committed setting.
     Mistral's first (its checkpoint takes longest to save), the rest interleaved by family."""
-    from harness.memory.train_matrix import load_truth
-
     seed, runs = RESERVE_SETS[job_set]
-    truth, _ = load_truth()
-    seen = committed_settings(runs) | {(r["arch"], r["targets"], r["lora_r"], r["grad_checkpointing"], r["batch"],
-                                        r["seq_len"], r["optimizer"]) for r in truth}
     families = SETS[job_set]
+    seen = committed_settings(runs, truth=True)
     boundary = fresh_boundary_cases(random.Random(seed), seen, FRESH_PER_FAMILY, families)
-    per_arch = [[c for c in boundary if c.arch == a] for a in families[1:]]
-    rest = [c for group in zip(*per_arch) for c in group] + [c for g in per_arch for c in g[min(map(len, per_arch)):]]
-    return [train_job(c) for c in [c for c in boundary if c.arch == families[0]] + rest]
+    first = [c for c in boundary if c.arch == families[0]]
+    return [train_job(c) for c in first + interleaved_by_family(boundary, families[1:])]
 
 
 def case_verdict(case: TrainCase) -> str:
