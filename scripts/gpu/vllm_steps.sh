@@ -34,6 +34,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PAR
   PYTHONPATH=/tmp/vsite:/tmp/site:$PWD
 R=/tmp/vres; mkdir -p $R
 OUT=${OUT:-/tmp/vout}; mkdir -p "$OUT"
+models_built() { grep -q '"model": "w4a16"' $R/models.txt 2>/dev/null; }  # the models step wrote both
 pip_target() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$@"; }
 
 pack() {
@@ -80,7 +81,7 @@ case $step in
     capacity=(timeout ${CAPACITY_LIMIT_S:-240} python3 benchmarks/serving/client_capacity.py --out $R/capacity)
     if [ -z "$only" ]; then
       [ -n "${CAPACITY-1}" ] && { stamp "capacity (alone)"; "${capacity[@]}" > $R/capacity.txt 2>&1 < /dev/null; tail -8 $R/capacity.txt | cut -c1-200; }
-      for i in $(seq 1 ${MODELS_WAIT_S:-200}); do grep -q '"model": "w4a16"' $R/models.txt 2>/dev/null && break; sleep 1; done
+      for i in $(seq 1 ${MODELS_WAIT_S:-200}); do models_built && break; sleep 1; done
     else
       [ -n "${CAPACITY-1}" ] && (setsid "${capacity[@]}" > $R/capacity.txt 2>&1 < /dev/null &)
       stamp "startups $only"
@@ -114,7 +115,7 @@ case $step in
   gptq)
     # waits for the CPU builds, then the quantize chain's GPTQ on the GPU; its worker needs
     # llm-compressor's compressed-tensors (0.19), not vLLM's (0.17): /tmp/lcsite first
-    for i in $(seq 1 120); do grep -q '"model": "w4a16"' $R/models.txt 2>/dev/null && break; sleep 2; done
+    for i in $(seq 1 120); do models_built && break; sleep 2; done
     PYTHONPATH=/tmp/lcsite:/tmp/vsite:/tmp/site:$PWD timeout ${GPTQ_TIMEOUT:-150} \
       python3 benchmarks/vllm_plan/gpu_models.py --out /tmp/vmodels --gptq --awq >> $R/models.txt 2>&1
     tail -n 40 /tmp/vmodels/gptq.log /tmp/vmodels/awq.log 2>/dev/null | grep -iE "error|took|GPTQ|AWQ|saving" | tail -8
@@ -133,7 +134,7 @@ case $step in
     tail -3 /tmp/families.log 2>/dev/null ;;
   startups)
     # nothing else may hold GPU memory while vLLM profiles it: the model builds and the GPTQ first
-    for i in $(seq 1 ${MODELS_WAIT_S:-200}); do grep -q '"model": "w4a16"' $R/models.txt 2>/dev/null && \
+    for i in $(seq 1 ${MODELS_WAIT_S:-200}); do models_built && \
       ! pgrep -f "gpu_models.py" >/dev/null && break; sleep 1; done
     pkill -9 -f "gpu_models.py" 2>/dev/null; grep '^{' $R/models.txt | cut -c1-200
     sel=(--group "${1:-eager}"); [ -n "${STARTUPS_ONLY:-}" ] && sel=(--only "$STARTUPS_ONLY")
