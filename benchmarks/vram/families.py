@@ -30,7 +30,9 @@ Gemma-3, Qwen3, Phi-4-mini; half predicted to fit, within 12% of the verdict), n
 committed row ran. "reserve", the fourth (benchmarks/vram/measured-families-4/): 36 fresh boundary
 cases for the training reserve of estimate.REALLOCATED_HOLES (reserve_jobs); "reserve2", the fifth
 (measured-families-5/): 36 more, drawn after the reserve was chosen again over all 186 committed
-cases. `--list` prints the jobs with each case's prediction and verdict.
+cases; "diagnose5", the sixth (measured-families-6/): the fifth run's four predicted fits that ran
+out, again capped (the allocator's counters at the OOM), capped with expandable segments, and
+uncapped, with phi-4-mini's all-linear ranks (diagnose_jobs). `--list` prints the jobs with each case's prediction and verdict.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ FIT_EXCLUDED = ("qwen3-1.7b", "phi-4-mini", "mistral-7b-v0.3", "qwen3-30b-a3b")
 SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b"),
         "fresh": ("mistral-7b-v0.3",) + FAMILIES,
         "reserve": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
-        "reserve2": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
+        "reserve2": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
+        "diagnose5": ("phi-4-mini", "qwen3-1.7b", "gemma-3-1b")}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -324,6 +327,34 @@ def reserve_jobs(job_set: str = "reserve") -> list[dict]:
     return [train_job(c) for c in first + interleaved_by_family(boundary, families[1:])]
 
 
+# The fifth run's predicted fits that ran out under the 6 GiB card (arch, targets, r, checkpointing,
+# batch, seq, optimizer), and phi-4-mini's all-linear rank series at one shape around its two.
+MISSES_5 = (("phi-4-mini", "all", 32, True, 1, 192, "adamw_8bit"), ("phi-4-mini", "all", 32, True, 2, 128, "adamw_8bit"),
+            ("qwen3-1.7b", "all", 8, False, 3, 128, "adamw_8bit"), ("gemma-3-1b", "all", 16, False, 1, 384, "adamw_torch"))
+PHI_RANKS = (8, 16, 64)
+EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def diagnose_jobs() -> list[dict]:
+    """The sixth run (--set diagnose5): why the fifth run's four predicted fits ran out. Each again
+    under the 6 GiB card with the allocator's counters recorded at the OOM (role "recheck": not a
+    boundary case again), under the card with expandable segments (the fix `explain` names for
+    fragmentation), and uncapped (its real peak and how much the allocator held beside it); then
+    phi-4-mini's all-linear ranks at 192 x 1 uncapped, and one step of the first miss recorded with
+    the allocator's history (where its peak memory went)."""
+    out = []
+    for arch, targets, r, gc_on, batch, seq, opt in MISSES_5:
+        capped = TrainCase(arch, "nf4-dq", targets, r, gc_on, batch, seq, opt, budget_bytes=BUDGET, role="recheck")
+        out += [train_job(capped), dict(train_job(capped), env=EXPANDABLE, name=train_job(capped)["name"] + "-expandable"),
+                train_job(TrainCase(arch, "nf4-dq", targets, r, gc_on, batch, seq, opt))]
+    out += [train_job(TrainCase("phi-4-mini", "nf4-dq", "all", r, True, 1, 192, "adamw_8bit")) for r in PHI_RANKS]
+    arch, targets, r, gc_on, batch, seq, opt = MISSES_5[0]
+    snap = TrainCase(arch, "nf4-dq", targets, r, gc_on, batch, seq, opt, role="snapshot", steps=2)
+    out.append({"kind": "snapshot-train", "arch": snap.arch, "case": asdict(snap), "claim": claim_bytes(snap),
+                "name": f"snapshot-train-{snap.arch}-{snap.targets}-r{snap.lora_r}-b{snap.batch}-s{snap.seq_len}"})
+    return out
+
+
 def case_verdict(case: TrainCase) -> str:
     """The estimate and plan --train's verdict of a case, one line (for --list)."""
     from harness.memory.budget import default_headroom, fits
@@ -354,6 +385,8 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
         return fresh_jobs()
     if job_set in RESERVE_SETS:
         return reserve_jobs(job_set)
+    if job_set == "diagnose5":
+        return diagnose_jobs()
     rng = random.Random(27)
     boundary = [train_job(c) for c in boundary_cases(rng, 6)]
     first = snapshot_jobs()
@@ -492,7 +525,7 @@ def run_jobs(jobs: list[dict], model_dirs: dict, out_dir: Path, device: str, dea
             pending.remove(job)
             n += 1
             out = rows_dir / f"{n:03d}-{job['name']}.json"
-            env = py_env()
+            env = dict(py_env(), **job.get("env", {}))
             env["FAMILIES_DEADLINE"] = str(deadline)
             proc = subprocess.Popen(command(job, model_dirs[job["arch"]], out, device), env=env,
                                     start_new_session=True, stdout=subprocess.DEVNULL,

@@ -106,6 +106,22 @@ def _optimizer_state_bytes(opt, device: str) -> tuple[int, int]:
     return alloc, paged
 
 
+def allocator_state(device: str) -> dict[str, int]:
+    """The caching allocator's counters now: what tensors hold (allocated), what it holds from the
+    driver (reserved), and the free pieces of split blocks (inactive split: the holes), each with
+    its peak since the process started."""
+    import torch
+
+    stats = torch.cuda.memory_stats(torch.device(device))
+    out = {}
+    for name in ("allocated_bytes", "reserved_bytes", "inactive_split_bytes"):
+        for pool in ("all", "large_pool", "small_pool"):
+            for when in ("current", "peak"):
+                out[f"{name}.{pool}.{when}"] = int(stats.get(f"{name}.{pool}.{when}", 0))
+    out["num_alloc_retries"] = int(stats.get("num_alloc_retries", 0))
+    return out
+
+
 def _is_oom(exc: BaseException) -> bool:
     import torch
 
@@ -132,7 +148,8 @@ def run_case(case: TrainCase, model_dir: str | Path, device: str = "cuda:0") -> 
     cuda = device.startswith("cuda")
     run = Run()
     row: dict[str, Any] = asdict(case)
-    row.update(mode="train", lora_targets=list(FAMILY_TARGET_SETS[case.targets]))
+    row.update(mode="train", lora_targets=list(FAMILY_TARGET_SETS[case.targets]),
+               alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     t0 = time.perf_counter()
     if cuda:
         context = cuda_context_bytes(device)
@@ -168,12 +185,17 @@ def run_case(case: TrainCase, model_dir: str | Path, device: str = "cuda:0") -> 
                        train_seconds=round(m.seconds, 3))
         alloc, paged = _optimizer_state_bytes(opt, device)
         row.update(losses=losses, optimizer_state_bytes_measured=alloc, paged_optimizer_state_bytes_measured=paged)
+        if cuda:
+            row["allocator_at_end"] = allocator_state(device)
         run.phase = "done"
     except Exception as exc:  # noqa: BLE001 - OOM is a result; anything else is recorded, not hidden
         if _is_oom(exc):
             run.oom, run.oom_phase = True, run.phase
             if cuda:  # the cap, not a GPU shared with other cases, must be what ran out
                 row["device_free_at_oom_bytes"] = int(torch.cuda.mem_get_info(torch.device(device))[0])
+                # while `exc` still holds the failed step's frames: what was live and what was held
+                row["allocator_at_oom"] = allocator_state(device)
+                row["oom_message"] = " ".join(str(exc).split())[:400]
         else:
             row["error"] = f"{run.phase}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
         del exc
