@@ -32,7 +32,9 @@ cases for the training reserve of estimate.REALLOCATED_HOLES (reserve_jobs); "re
 (measured-families-5/): 36 more, drawn after the reserve was chosen again over all 186 committed
 cases; "diagnose5", the sixth (measured-families-6/): the fifth run's four predicted fits that ran
 out, again capped (the allocator's counters at the OOM), capped with expandable segments, and
-uncapped, with phi-4-mini's all-linear ranks (diagnose_jobs). `--list` prints the jobs with each case's prediction and verdict.
+uncapped, with phi-4-mini's all-linear ranks (diagnose_jobs); "reserve3", the seventh
+(measured-families-7/): 36 fresh boundary cases for the reserve with the upcast's hole, then each
+refusal again with expandable segments. `--list` prints the jobs with each case's prediction and verdict.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +63,8 @@ SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")
         "fresh": ("mistral-7b-v0.3",) + FAMILIES,
         "reserve": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
         "reserve2": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
-        "diagnose5": ("phi-4-mini", "qwen3-1.7b", "gemma-3-1b")}
+        "diagnose5": ("phi-4-mini", "qwen3-1.7b", "gemma-3-1b"),
+        "reserve3": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -310,7 +313,7 @@ def fresh_jobs() -> list[dict]:
 
 # (seed, runs committed before the set was drawn) of the reserve sets: the fourth run tested the
 # reserve chosen on the 150 cases before it, the fifth the same rule's choice over all 186
-RESERVE_SETS = {"reserve": (2729, 3), "reserve2": (2730, 4)}
+RESERVE_SETS = {"reserve": (2729, 3), "reserve2": (2730, 4), "reserve3": (2731, 6)}
 
 
 def reserve_jobs(job_set: str = "reserve") -> list[dict]:
@@ -324,7 +327,14 @@ def reserve_jobs(job_set: str = "reserve") -> list[dict]:
     seen = committed_settings(runs, truth=True)
     boundary = fresh_boundary_cases(random.Random(seed), seen, FRESH_PER_FAMILY, families)
     first = [c for c in boundary if c.arch == families[0]]
-    return [train_job(c) for c in first + interleaved_by_family(boundary, families[1:])]
+    jobs = [train_job(c) for c in first + interleaved_by_family(boundary, families[1:])]
+    if job_set != "reserve3":
+        return jobs
+    # then each refusal again with expandable segments (role "recheck": not a boundary case twice),
+    # whether the fix `explain` names for fragmentation would have let it run
+    refused = [replace(c, role="recheck") for c in first + interleaved_by_family(boundary, families[1:])
+               if "does not fit" in case_verdict(c)]
+    return jobs + [dict(train_job(c), env=EXPANDABLE, name=train_job(c)["name"] + "-expandable") for c in refused]
 
 
 # The fifth run's predicted fits that ran out under the 6 GiB card (arch, targets, r, checkpointing,

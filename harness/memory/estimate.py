@@ -49,12 +49,12 @@ DEFAULT_NEW_TOKENS = 64
 # - inference 3%: the median max_memory_reserved / max_memory_allocated - 1 is 1.3% (weights),
 #   3.8% (prefill), 2.4% (generate) over the inference matrix, and under an emulated 6 GiB card
 #   a 3% reserve gave no fit verdict that ran out of memory there (402 rows);
-# - training 4.5% of the planned bytes, plus the holes of the blocks a step re-allocates
-#   (REALLOCATED_HOLES: fp32 logits and the optimizer's states); the flat 5.7% it replaces (the
-#   median of 96 uncapped training rows) let two predicted fits run out (docs/vram.md, "Where a
-#   training step's reserve goes").
+# - training 5.5% of the planned bytes, plus the holes a step cannot reuse (REALLOCATED_HOLES:
+#   the optimizer's states, the upcast's bf16 copy); the flat 5.7% it replaces (the median of 96
+#   uncapped training rows) let two predicted fits run out (docs/vram.md, "Where a training step's
+#   reserve goes").
 # `plan` and `estimate --budget` use it as their headroom: peak + reserve + CUDA context <= card.
-RESERVE_FRACTION: dict[str, float] = {"weights": 0.03, "prefill": 0.03, "generate": 0.03, "train": 0.045}
+RESERVE_FRACTION: dict[str, float] = {"weights": 0.03, "prefill": 0.03, "generate": 0.03, "train": 0.055}
 # Training where fp32 GQA attention falls back to SDPA's math kernel (calibration.features,
 # "scores"): every layer allocates and frees batch x heads x seq x seq blocks (scores, probabilities, their grads),
 # and under a capped allocator the holes they leave cannot all be reused. Under the emulated 6 GiB
@@ -64,19 +64,23 @@ RESERVE_FRACTION: dict[str, float] = {"weights": 0.03, "prefill": 0.03, "generat
 # alarm), and was then checked on fresh boundary cases (the README of truth/ gives the figures).
 FRAGMENTATION_BLOCKS = 1.5
 # The holes a training step leaves that a capped caching allocator cannot reuse, beyond a fraction
-# of the peak. Every step frees and re-allocates its fp32 logits blocks (batch x seq x vocab x 4
-# bytes each: the loss's upcast, its log-softmax, their gradients), and AdamW's first step creates
-# its fp32 states (and the step's foreach temporaries) inside the blocks the backward has just
-# freed, splitting them: the next step's large blocks then need segments of their own. Under the
-# emulated 6 GiB card the large-LoRA adamw_torch steps ran out with the peak right (phi-4-mini all
-# r32, gemma-3-1b all r64: reserved / allocated 1.15-1.19 uncapped). The fractions (with the
-# training RESERVE_FRACTION) are one pooled choice over every committed boundary case: of the
-# settings that let no predicted fit run out, the smallest logistic loss on the margin. Chosen on
-# the first 150 cases (0.035 / 0.15 / 0.75), the fourth families run's 36 fresh cases agreed on 35
-# with one predicted fit that ran out, 0.4% under the line; the same rule over all 186 gives these,
-# not yet tested on fresh cases (benchmarks/vram/families.py --set reserve2; docs/vram.md, "Where a
-# training step's reserve goes").
-REALLOCATED_HOLES = {"logits": 0.10, "optimizer_states": 0.75}
+# of the peak (docs/vram.md, "Where a training step's reserve goes"):
+# - "optimizer_states": AdamW's first step creates its states (and the step's foreach temporaries)
+#   inside the blocks the backward has just freed, splitting them: the next step's large blocks
+#   then need segments of their own;
+# - "upcast": prepare_model_for_kbit_training casts the embedding (and an untied lm_head) to fp32
+#   and frees the bf16 copy, a hole inside the segment the load carved every weight from. Only
+#   the step's large transient blocks can reuse it, never the small pool (LoRA tensors <= 1 MiB,
+#   their grads and 8-bit states): what the transients leave of the largest such hole is held
+#   beside the peak. Measured (benchmarks/vram/measured-families-6/): the four predicted fits that
+#   ran out in the fifth run had their peaks right and 0.5-0.9 GiB of large-pool holes at the OOM,
+#   whose failed request was a 2 MiB small-pool segment; all four fitted with expandable segments;
+#   phi-4-mini's large-pool holes stay at 1.0-1.3 GiB at every rank (its bf16 embedding: 1.15 GiB);
+# - "logits": the fp32 logits blocks every step frees and allocates again (0 in this choice).
+# The shares and the training RESERVE_FRACTION are one pooled choice over every committed boundary
+# case (benchmarks/vram/choose_reserve.py): of the settings that let no predicted fit run out, the
+# smallest logistic loss on the margin.
+REALLOCATED_HOLES = {"logits": 0.0, "optimizer_states": 1.0, "upcast": 0.75}
 
 
 @dataclass
@@ -151,7 +155,7 @@ def _estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> E
     act = dtype_bytes(p)
     if q.mode == "train":
         est = _estimate_train(shape, _trainable(q), calibration)
-        holes = fragmentation_parts(shape, q, est.breakdown)
+        holes = fragmentation_parts(shape, q, est.breakdown, est.peak_bytes)
         est.breakdown["fragmentation"] = holes
         est.fragmentation_bytes = sum(holes.values())
         est.reserve_bytes = int(est.planned_bytes * RESERVE_FRACTION["train"]) + est.fragmentation_bytes
@@ -210,21 +214,30 @@ def train_parts(shape: ModelShape, q: Query) -> dict[str, Any]:
             "saved": saved_activations(shape, q), "key": calibration_key(q)}
 
 
-def fragmentation_parts(shape: ModelShape, q: Query, breakdown: dict[str, Any]) -> dict[str, int]:
+def fragmentation_parts(shape: ModelShape, q: Query, breakdown: dict[str, Any], peak_bytes: int,
+                        shares: dict[str, float] | None = None) -> dict[str, int]:
     """Training only: the room kept free beyond the peak for holes the allocator cannot reuse.
     - attention scores: FRAGMENTATION_BLOCKS x the scores block SDPA's math kernel materialises
       (fp32 activations with grouped-query attention), 0 when it stays fused;
-    - logits and optimizer states: REALLOCATED_HOLES of one fp32 logits block and of the
-      optimizer's GPU states + step transient (`breakdown` is the training estimate's)."""
+    - logits, optimizer states, upcast: `shares` (REALLOCATED_HOLES) of one fp32 logits block, of
+      the optimizer's GPU states + step transient, and of what the step's transients (peak minus
+      weights, LoRA weights and states) leave unfilled of the largest bf16 tensor
+      prepare_model_for_kbit_training freed (`breakdown` is the training estimate's)."""
     if q.mode != "train":
         return {}
+    shares = REALLOCATED_HOLES if shares is None else shares
     scores = 0
     if train_act_bytes(q.precision) == 4 and shape.kv_heads < shape.heads:
         scores = int(FRAGMENTATION_BLOCKS * q.batch * shape.heads * q.seq_len * q.seq_len * 4)
     optimizer = breakdown.get("optimizer_states", 0) + breakdown.get("optimizer_step_transient", 0)
+    upcast_hole = 0
+    if precision_group(q.precision) in ("int8", "4bit"):
+        upcast_hole = block_rounded(max(shape.embedding_params, shape.lm_head_params) * 2)
+    static = breakdown.get("weights", 0) + breakdown.get("lora_weights", 0) + breakdown.get("optimizer_states", 0)
     return {"attention_scores": scores,
-            "logits": int(REALLOCATED_HOLES["logits"] * q.batch * q.seq_len * shape.vocab * 4),
-            "optimizer_states": int(REALLOCATED_HOLES["optimizer_states"] * optimizer)}
+            "logits": int(shares["logits"] * q.batch * q.seq_len * shape.vocab * 4),
+            "optimizer_states": int(shares["optimizer_states"] * optimizer),
+            "upcast": int(shares["upcast"] * max(0, upcast_hole - (peak_bytes - static)))}
 
 
 # peft's LoRA forward casts the input to the adapter's fp32 and drops it out (lora_dropout > 0):

@@ -25,7 +25,13 @@ FAMILIES_DIR_3 = FAMILIES_DIR.parent / "measured-families-3"
 FAMILIES_DIR_4 = FAMILIES_DIR.parent / "measured-families-4"
 # the fifth (--set reserve2): the same, for the reserve chosen again over the 186 cases before it
 FAMILIES_DIR_5 = FAMILIES_DIR.parent / "measured-families-5"
-FAMILIES_DIRS = (FAMILIES_DIR, FAMILIES_DIR_2, FAMILIES_DIR_3, FAMILIES_DIR_4, FAMILIES_DIR_5)
+# the sixth (--set diagnose5): the fifth's four predicted fits that ran out, again capped (the
+# allocator's counters at the OOM), with expandable segments, and uncapped
+FAMILIES_DIR_6 = FAMILIES_DIR.parent / "measured-families-6"
+# the seventh (--set reserve3): fresh boundary cases for the reserve with the upcast's hole
+FAMILIES_DIR_7 = FAMILIES_DIR.parent / "measured-families-7"
+FAMILIES_DIRS = (FAMILIES_DIR, FAMILIES_DIR_2, FAMILIES_DIR_3, FAMILIES_DIR_4, FAMILIES_DIR_5, FAMILIES_DIR_6,
+                 FAMILIES_DIR_7)
 # never used to fit a coefficient (benchmarks/vram/families.py FIT_EXCLUDED); phi-4-mini's training
 # error without checkpointing led to one structural correction read from torch's SDPA code (the fused
 # qkv is not kept alive when K/V are repeated, estimate.saved_activations), so that figure is not blind

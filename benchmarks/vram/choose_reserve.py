@@ -1,0 +1,109 @@
+"""Choose the training reserve (estimate.RESERVE_FRACTION["train"] and estimate.REALLOCATED_HOLES)
+from every committed plan --train boundary case: the two truth runs (suites/vram/measured/truth/)
+and the families runs (families_truth.FAMILIES_DIRS), each a real OOM or not under an emulated
+6 GiB card.
+
+The rule: of the grid's settings that let no predicted fit run out, the one with the smallest
+logistic loss on the margin (planned x (1 + fraction) / (budget - context) - 1, at a 1% scale:
+a verdict 1% on the wrong side costs about as much as one 1% on the right side saves).
+
+    python benchmarks/vram/choose_reserve.py [--runs N]   # N: families runs in the choice (default all)
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from harness.memory import estimate as E  # noqa: E402
+from harness.memory import families_truth as T  # noqa: E402
+from harness.memory.families import at_transformers  # noqa: E402
+from harness.memory.matrix import row_query  # noqa: E402
+from harness.memory.shape import model_shape  # noqa: E402
+from harness.memory.train_matrix import load_truth  # noqa: E402
+
+FRACTIONS = tuple(x / 1000 for x in range(20, 71, 5))
+LOGITS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.30)
+QUARTERS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+@dataclass
+class Case:
+    run: str
+    row: dict
+    shape: object
+    est: E.Estimate
+    line: int  # budget - this process's CUDA context
+    fits: bool
+
+    def margin(self, fraction: float, shares: dict[str, float]) -> float:
+        holes = E.fragmentation_parts(self.shape, row_query(self.row), self.est.breakdown, self.est.peak_bytes, shares)
+        return (self.est.peak_bytes + sum(holes.values())) * (1 + fraction) / self.line - 1
+
+
+def boundary_cases(family_runs: int | None = None) -> list[Case]:
+    rows = [dict(r, _run=r["run"]) for r in load_truth()[0]]
+    dirs = T.FAMILIES_DIRS[:family_runs] if family_runs else T.FAMILIES_DIRS
+    for i, d in enumerate(dirs, 1):
+        rows += [dict(r, _run=f"families-{i}") for r in T.load_rows(d)["train"]]
+    shapes: dict = {}
+    out = []
+    for r in rows:
+        if r.get("role") != "boundary" or r.get("error"):
+            continue
+        key = (r["arch"], r.get("transformers"))
+        shape = shapes.setdefault(key, at_transformers(model_shape(r["arch"]), r.get("transformers")))
+        out.append(Case(r["_run"], r, shape, E.estimate(shape, row_query(r)), r["budget_bytes"] - r["context_bytes"],
+                        not r["oom"]))
+    return out
+
+
+def score(margins: list[tuple[float, bool]]) -> tuple[int, int, float]:
+    """(predicted fits that ran out, agreements, logistic loss at a 1% scale)."""
+    false_fits = sum(m <= 0 and not fits for m, fits in margins)
+    agree = sum((m <= 0) == fits for m, fits in margins)
+    loss = sum(math.log1p(math.exp(100 * m if fits else -100 * m)) for m, fits in margins)
+    return false_fits, agree, loss
+
+
+def choose(cases: list[Case]) -> tuple[float, dict[str, float], tuple[int, int, float]]:
+    best = None
+    for logits, optimizer, upcast in itertools.product(LOGITS, QUARTERS, QUARTERS):
+        shares = {"logits": logits, "optimizer_states": optimizer, "upcast": upcast}
+        holes = [(c, sum(E.fragmentation_parts(c.shape, row_query(c.row), c.est.breakdown, c.est.peak_bytes,
+                                               shares).values())) for c in cases]
+        for fraction in FRACTIONS:
+            s = score([((c.est.peak_bytes + h) * (1 + fraction) / c.line - 1, c.fits) for c, h in holes])
+            if s[0] == 0 and (best is None or s[2] < best[2][2]):
+                best = (fraction, shares, s)
+    if best is None:
+        raise SystemExit("no setting on the grid lets every predicted fit fit")
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=None, help="families runs in the choice (default: all committed)")
+    args = ap.parse_args(argv)
+    cases = boundary_cases(args.runs)
+    fraction, shares, (ff, agree, loss) = choose(cases)
+    print(f"{len(cases)} boundary cases: fraction {fraction:.3f}, shares {shares}: "
+          f"{agree}/{len(cases)} agree, {ff} predicted fits that ran out, loss {loss:.1f}")
+    current = (E.RESERVE_FRACTION["train"], E.REALLOCATED_HOLES)
+    print(f"estimate.py holds: fraction {current[0]:.3f}, shares {current[1]}")
+    for run in sorted({c.run for c in cases}):
+        mine = [c for c in cases if c.run == run]
+        ff, agree, _ = score([(c.margin(fraction, shares), c.fits) for c in mine])
+        print(f"    {run:12} {agree:3}/{len(mine):<3} agree, {ff} predicted fits that ran out")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
