@@ -200,7 +200,8 @@ def test_training_verdicts_keep_room_for_the_holes_a_step_leaves(capsys):
     """A training verdict keeps room beyond the peak for holes the caching allocator cannot reuse:
     1.5 fp32 attention-score blocks where SDPA's math kernel materialises them (nf4 training of a
     grouped-query model; none for an MHA model, phi-3, or bf16), a share of one fp32 logits block,
-    and a share of the optimizer's states and step temporaries; estimate says so."""
+    a share of the optimizer's states and step temporaries, and a share of what the step's
+    transients leave unfilled of the bf16 embedding the k-bit upcast freed; estimate says so."""
     o = run_json(capsys, "estimate", "--config", "llama-3.2-1b", "--precision", "nf4-dq", "--mode", "train",
                  "--seq-len", "1024", "--batch", "2", "--budget", "6GiB")[0]
     shape = E.model_shape("llama-3.2-1b")
@@ -215,8 +216,23 @@ def test_training_verdicts_keep_room_for_the_holes_a_step_leaves(capsys):
         o = run_json(capsys, "estimate", "--config", config, "--precision", precision, "--mode", "train",
                      "--seq-len", "1024", "--budget", "6GiB")[0]
         assert o["breakdown"]["fragmentation"]["attention_scores"] == 0
-        assert o["fragmentation_bytes"] == o["breakdown"]["fragmentation"]["logits"] + \
-            o["breakdown"]["fragmentation"]["optimizer_states"]
+        assert o["fragmentation_bytes"] == sum(o["breakdown"]["fragmentation"].values())
+        if precision == "bf16":  # nothing upcast, nothing freed
+            assert o["breakdown"]["fragmentation"]["upcast"] == 0
+    # the upcast's hole: phi-4-mini's tied 200k x 3072 embedding leaves 1.15 GiB of bf16 behind; a
+    # short step's transients fill little of it, a long one's all of it
+    phi = E.model_shape("phi-4-mini")
+    hole = E.block_rounded(phi.embedding_params * 2)
+    for seq, filled in ((192, False), (2048, True)):
+        o = run_json(capsys, "estimate", "--config", "phi-4-mini", "--precision", "nf4-dq", "--mode", "train",
+                     "--lora-targets", "all-linear", "--lora-r", "32", "--optimizer", "adamw_8bit",
+                     "--seq-len", str(seq), "--budget", "6GiB")[0]
+        b = o["breakdown"]
+        transients = o["peak_bytes"] - b["weights"] - b["lora_weights"] - b["optimizer_states"]
+        assert b["fragmentation"]["upcast"] == int(E.REALLOCATED_HOLES["upcast"] * max(0, hole - transients))
+        assert (b["fragmentation"]["upcast"] == 0) is filled, seq
+        if not filled:
+            assert "the embedding's freed bf16 copy" in o["verdict"]
     # an 8-bit optimizer's states are a quarter of AdamW's: less room kept for them
     eight = run_json(capsys, "estimate", "--config", "llama-3.2-1b", "--precision", "nf4-dq", "--mode", "train",
                      "--seq-len", "1024", "--optimizer", "adamw_8bit")[0]

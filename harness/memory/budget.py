@@ -127,11 +127,12 @@ def fragmentation_note(est) -> str:
     """' (a 4.86 GiB peak + 457 MiB kept free for ...)' when the estimate keeps fragmentation room."""
     if not est.fragmentation_bytes:
         return ""
-    names = {"attention_scores": "fp32 attention scores", "logits": "fp32 logits", "optimizer_states": "optimizer states"}
+    names = {"attention_scores": "re-allocated fp32 attention scores", "logits": "re-allocated fp32 logits",
+             "optimizer_states": "the optimizer's states", "upcast": "the embedding's freed bf16 copy"}
     holes = [names.get(k, k) for k, v in (est.breakdown.get("fragmentation") or {}).items() if v]
     what = ", ".join(holes[:-1]) + (" and " if len(holes) > 1 else "") + holes[-1] if holes else "large blocks"
     return (f" (a {_size(est.peak_bytes)} peak + {_size(est.fragmentation_bytes)} kept free for the holes "
-            f"re-allocated {what} leave)")
+            f"left by {what})")
 
 
 def need_text(what: str, need: int, budget_bytes: int, context_bytes: int, headroom: float, note: str = "") -> str:
