@@ -34,7 +34,8 @@ cases; "diagnose5", the sixth (measured-families-6/): the fifth run's four predi
 out, again capped (the allocator's counters at the OOM), capped with expandable segments, and
 uncapped, with phi-4-mini's all-linear ranks (diagnose_jobs); "reserve3", the seventh
 (measured-families-7/): 36 fresh boundary cases for the reserve with the upcast's hole, then each
-refusal again with expandable segments. `--list` prints the jobs with each case's prediction and verdict.
+refusal again with expandable segments; "expandable", the eighth (measured-families-8/): 36 fresh
+boundary cases of the verdict with expandable segments, run with them (expandable_jobs). `--list` prints the jobs with each case's prediction and verdict.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")
         "reserve": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
         "reserve2": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
         "diagnose5": ("phi-4-mini", "qwen3-1.7b", "gemma-3-1b"),
-        "reserve3": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
+        "reserve3": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
+        "expandable": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -264,11 +266,25 @@ def interleaved_by_family(cases: list[TrainCase], families: tuple[str, ...]) -> 
     return [c for group in zip(*per_arch) for c in group] + [c for g in per_arch for c in g[min(map(len, per_arch)):]]
 
 
+def default_ratio(est) -> float:
+    """plan --train's need against the 6 GiB card's cap: planned x (1 + the training reserve)."""
+    from harness.memory.estimate import RESERVE_FRACTION
+
+    return est.planned_bytes * (1 + RESERVE_FRACTION["train"]) / (BUDGET - ASSUMED_CONTEXT)
+
+
+def expandable_ratio(est) -> float:
+    """The need with expandable segments against the cap: peak x (1 + budget.EXPANDABLE_TRAIN_RESERVE)."""
+    from harness.memory.budget import EXPANDABLE_TRAIN_RESERVE
+
+    return est.peak_bytes * (1 + EXPANDABLE_TRAIN_RESERVE) / (BUDGET - ASSUMED_CONTEXT)
+
+
 def fresh_boundary_cases(rng: random.Random, seen: set[tuple], per_family: int = FRESH_PER_FAMILY,
-                         families: tuple[str, ...] = SETS["fresh"]) -> list[TrainCase]:
-    """Per family, `per_family` cases never run before whose plan --train verdict lies within
-    FRESH_RATIO of the 6 GiB card's cap, half predicted to fit."""
-    from harness.memory.estimate import RESERVE_FRACTION, estimate
+                         families: tuple[str, ...] = SETS["fresh"], ratio_of=default_ratio) -> list[TrainCase]:
+    """Per family, `per_family` cases never run before whose verdict (`ratio_of` an estimate: need /
+    cap) lies within FRESH_RATIO of the 6 GiB card's cap, half predicted to fit."""
+    from harness.memory.estimate import estimate
     from harness.memory.shape import model_shape
 
     out: list[TrainCase] = []
@@ -282,7 +298,7 @@ def fresh_boundary_cases(rng: random.Random, seen: set[tuple], per_family: int =
                           rng.random() < 0.8, rng.choice((1, 2, 3)), rng.choice(FRESH_SEQS),
                           rng.choice(("adamw_torch", "adamw_8bit")), budget_bytes=BUDGET, role="boundary")
             key = setting(asdict(c))
-            ratio = estimate(shape, c.query()).planned_bytes * (1 + RESERVE_FRACTION["train"]) / (BUDGET - ASSUMED_CONTEXT)
+            ratio = ratio_of(estimate(shape, c.query()))
             side = below if ratio <= 1.0 else above
             if key in seen or c in below + above or not FRESH_RATIO[0] <= ratio <= FRESH_RATIO[1] \
                     or len(side) >= per_family // 2:
@@ -365,9 +381,20 @@ def diagnose_jobs() -> list[dict]:
     return out
 
 
+def expandable_jobs() -> list[dict]:
+    """The eighth run (--set expandable): the verdict with expandable segments (budget.fits_expandable)
+    on 36 fresh boundary cases, six per family, drawn within FRESH_RATIO of its line, half each side,
+    none at a committed setting; each run capped at 6 GiB with PYTORCH_CUDA_ALLOC_CONF set."""
+    families = SETS["expandable"]
+    seen = committed_settings(7, truth=True)
+    boundary = fresh_boundary_cases(random.Random(2732), seen, FRESH_PER_FAMILY, families, expandable_ratio)
+    first = [c for c in boundary if c.arch == families[0]]
+    return [dict(train_job(c), env=EXPANDABLE) for c in first + interleaved_by_family(boundary, families[1:])]
+
+
 def case_verdict(case: TrainCase) -> str:
     """The estimate and plan --train's verdict of a case, one line (for --list)."""
-    from harness.memory.budget import default_headroom, fits
+    from harness.memory.budget import default_headroom, fits, fits_expandable
     from harness.memory.estimate import estimate
     from harness.memory.shape import model_shape
 
@@ -376,6 +403,8 @@ def case_verdict(case: TrainCase) -> str:
     if case.budget_bytes:
         ok = fits(est.planned_bytes, case.budget_bytes, ASSUMED_CONTEXT, default_headroom("train"))
         line += f", planned {est.planned_bytes / 2**30:.2f} GiB: {'fits' if ok else 'does not fit'} 6 GiB"
+        if not ok:
+            line += f" ({'fits' if fits_expandable(est, case.budget_bytes, ASSUMED_CONTEXT) else 'not even'} with expandable segments)"
     return line
 
 
@@ -397,6 +426,8 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
         return reserve_jobs(job_set)
     if job_set == "diagnose5":
         return diagnose_jobs()
+    if job_set == "expandable":
+        return expandable_jobs()
     rng = random.Random(27)
     boundary = [train_job(c) for c in boundary_cases(rng, 6)]
     first = snapshot_jobs()

@@ -164,6 +164,33 @@ def tight_note(need: int, budget_bytes: int, context_bytes: int, headroom: float
             "runs went either way")
 
 
+# Under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True the caching allocator maps memory page by
+# page and gives back the pages it no longer uses, so the holes above (estimate.REALLOCATED_HOLES)
+# are returned rather than held: a training step needs its peak and this reserve. Chosen by the
+# rule of the default allocator's reserve (benchmarks/vram/choose_reserve.py --allocator expandable)
+# over 22 runs capped at 6 GiB with expandable segments (benchmarks/vram/measured-families-6/ and
+# -7/): the 14 that fitted all lay within peak x 1.02 of the line, the 8 that ran out beyond it.
+EXPANDABLE_SEGMENTS = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+EXPANDABLE_TRAIN_RESERVE = 0.02
+
+
+def fits_expandable(est, budget_bytes: int, context_bytes: int) -> bool:
+    """Would this training step fit with expandable segments (its peak + EXPANDABLE_TRAIN_RESERVE)?"""
+    return est.mode == "train" and fits(est.peak_bytes, budget_bytes, context_bytes, EXPANDABLE_TRAIN_RESERVE)
+
+
+def expandable_note(est, budget_bytes: int, context_bytes: int) -> str:
+    """'; with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it fits: ...' for a training step the
+    default allocator's holes stop and expandable segments would let run, else ''."""
+    if fits(est.planned_bytes, budget_bytes, context_bytes, default_headroom(est.mode)) \
+            or not fits_expandable(est, budget_bytes, context_bytes):
+        return ""
+    usable = usable_for_peak(budget_bytes, context_bytes, EXPANDABLE_TRAIN_RESERVE)
+    return (f"; with {EXPANDABLE_SEGMENTS} it fits: that allocator gives the holes back, and the "
+            f"{_size(est.peak_bytes, usable)} peak is within the {_size(usable, est.peak_bytes)} usable "
+            f"after the context and a {EXPANDABLE_TRAIN_RESERVE:.0%} reserve")
+
+
 @dataclass(frozen=True)
 class ContextLimit:
     tokens: int | None  # None: the config states no limit
