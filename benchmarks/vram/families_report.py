@@ -1,5 +1,5 @@
 """The issue-27 figures from the committed H200 runs (benchmarks/vram/measured-families/,
-measured-families-2/ and, once unpacked there, measured-families-3/), recomputed with the estimator as it is now: per family the median / worst /
+measured-families*/, families_truth.FAMILIES_DIRS), recomputed with the estimator as it is now: per family the median / worst /
 worst-under error of inference and of training (checkpointing on and off apart), plan --train
 against real OOM under 6 GiB (all and per family), plan --offload against a real offloaded run,
 and the snapshot cases' memory picture, predicted beside measured.
@@ -38,6 +38,11 @@ def main(argv=None) -> int:
            "boundary": {"cases": len(s.boundary), "agreement": s.agreement, "false_fits": len(s.false_fits),
                         "per_family": {a: {"cases": len(s.boundary_of(a)), "agreement": s.agreement_of(a)}
                                        for a in sorted({r["arch"] for r in s.boundary})}},
+           "boundary_expandable": {"cases": len(s.boundary_expandable),
+                                   "agreement": (sum(r["planner_fits"] == r["actually_fits"] for r in s.boundary_expandable)
+                                                 / len(s.boundary_expandable)) if s.boundary_expandable else None,
+                                   "false_fits": sum(r["planner_fits"] and not r["actually_fits"]
+                                                     for r in s.boundary_expandable)},
            "offload": s.offload,
            "pictures": s.pictures, "failed_cases": s.failed, "held_out": list(T.HELD_OUT)}
     atomic.write_json(Path(args.json), out)

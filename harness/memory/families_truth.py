@@ -30,8 +30,10 @@ FAMILIES_DIR_5 = FAMILIES_DIR.parent / "measured-families-5"
 FAMILIES_DIR_6 = FAMILIES_DIR.parent / "measured-families-6"
 # the seventh (--set reserve3): fresh boundary cases for the reserve with the upcast's hole
 FAMILIES_DIR_7 = FAMILIES_DIR.parent / "measured-families-7"
+# the eighth (--set expandable): fresh boundary cases of the verdict with expandable segments
+FAMILIES_DIR_8 = FAMILIES_DIR.parent / "measured-families-8"
 FAMILIES_DIRS = (FAMILIES_DIR, FAMILIES_DIR_2, FAMILIES_DIR_3, FAMILIES_DIR_4, FAMILIES_DIR_5, FAMILIES_DIR_6,
-                 FAMILIES_DIR_7)
+                 FAMILIES_DIR_7, FAMILIES_DIR_8)
 # never used to fit a coefficient (benchmarks/vram/families.py FIT_EXCLUDED); phi-4-mini's training
 # error without checkpointing led to one structural correction read from torch's SDPA code (the fused
 # qkv is not kept alive when K/V are repeated, estimate.saved_activations), so that figure is not blind
@@ -128,6 +130,7 @@ class FamilySummary:
     train_gc: dict[str, ErrorStats | None] = field(default_factory=dict)
     train_nogc: dict[str, ErrorStats | None] = field(default_factory=dict)
     boundary: list[dict] = field(default_factory=list)
+    boundary_expandable: list[dict] = field(default_factory=list)  # the verdict with expandable segments
     pictures: list[dict] = field(default_factory=list)
     offload: list[dict] = field(default_factory=list)  # offload_comparison per offloaded run
     failed: int = 0
@@ -162,6 +165,7 @@ def evaluate_families(directory: Path | None = None) -> FamilySummary:
         for gc, target in ((True, out.train_gc), (False, out.train_nogc)):
             target[arch] = ErrorStats.of([r["error"] for r in train.rows if r["arch"] == arch and r["grad_checkpointing"] is gc])
     out.boundary = train.boundary
+    out.boundary_expandable = train.boundary_expandable
     out.pictures = [picture_comparison(r) for r in rows["snapshot"] if (r.get("snapshot") or {}).get("peak_by_category")]
     out.offload = [offload_comparison(r) for r in rows["offload"]]
     return out
@@ -254,6 +258,12 @@ def summary_lines(s: FamilySummary) -> list[str]:
             false = sum(r["planner_fits"] and not r["actually_fits"] for r in s.boundary_of(arch))
             lines.append(f"    {arch:16s} {len(s.boundary_of(arch)):3d} cases, agreement {pct(s.agreement_of(arch))}, "
                          f"{false} predicted fits that ran out")
+    if s.boundary_expandable:
+        b = s.boundary_expandable
+        agree = sum(r["planner_fits"] == r["actually_fits"] for r in b)
+        false = sum(r["planner_fits"] and not r["actually_fits"] for r in b)
+        lines.append(f"the same with expandable segments: {len(b)} cases, agreement {pct(agree / len(b))}, "
+                     f"{false} predicted fits that ran out")
     for o in s.offload:
         gib = lambda v: f"{(v or 0) / 2**30:.2f} GiB"  # noqa: E731
         lines.append(f"plan --offload {o['arch']} under {gib(o['budget_bytes'])}: layers {o['layers_on']}, oom={o['oom']}, "

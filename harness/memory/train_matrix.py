@@ -296,6 +296,8 @@ def load_truth(runs=tuple(TRUTH_RUNS)) -> tuple[list[dict], dict]:
 class TrainingSummary:
     rows: list[dict]  # matrix rows with "predicted" and "error" added
     boundary: list[dict]  # boundary rows with "planner_fits" and "actually_fits"
+    # boundary rows run with expandable segments, "planner_fits" their verdict (budget.fits_expandable)
+    boundary_expandable: list[dict] = field(default_factory=list)
 
     def errors(self, archs=None, targets=None, gc: bool | None = None) -> list[float]:
         return [abs(r["error"]) for r in self.rows
@@ -321,17 +323,23 @@ class TrainingSummary:
         return self.false_fits_of()
 
 
+def runs_expandable(row: dict) -> bool:
+    """Did this row's process run with expandable segments (PYTORCH_CUDA_ALLOC_CONF)?"""
+    return "expandable_segments:true" in (row.get("alloc_conf") or "").replace(" ", "").lower()
+
+
 def evaluate_training(rows: list[dict], calibration: dict | None = None) -> TrainingSummary:
     """Each measured matrix row against the estimator; each boundary row's real OOM against the
-    verdict `plan --train` gives (peak + training reserve + this process's context <= budget)."""
-    from .budget import default_headroom, fits
+    verdict `plan --train` gives (peak + training reserve + this process's context <= budget), or
+    for a row run with expandable segments the verdict with them (budget.fits_expandable)."""
+    from .budget import default_headroom, fits, fits_expandable
     from .estimate import estimate
     from .families import at_transformers
     from .shape import model_shape
     from .matrix import row_query
 
     shapes: dict[str, Any] = {}
-    matrix, boundary = [], []
+    matrix, boundary, expandable = [], [], []
     for row in rows:
         if row.get("error"):
             continue
@@ -339,13 +347,16 @@ def evaluate_training(rows: list[dict], calibration: dict | None = None) -> Trai
         shape = shapes.setdefault((row["arch"], version), at_transformers(model_shape(row["arch"]), version))
         est = estimate(shape, row_query(row), calibration)
         pred = est.peak_bytes
-        if row.get("role") == "boundary":
+        if row.get("role") == "boundary" and runs_expandable(row):
+            expandable.append(dict(row, predicted=pred, planned=pred, actually_fits=not row["oom"],
+                                   planner_fits=fits_expandable(est, row["budget_bytes"], row["context_bytes"])))
+        elif row.get("role") == "boundary":
             boundary.append(dict(row, predicted=pred, planned=est.planned_bytes, actually_fits=not row["oom"],
                                  planner_fits=fits(est.planned_bytes, row["budget_bytes"], row["context_bytes"],
                                                    default_headroom("train"))))
         elif row.get("peak_bytes") and not row.get("oom"):
             matrix.append(dict(row, predicted=pred, error=(pred - row["peak_bytes"]) / row["peak_bytes"]))
-    return TrainingSummary(matrix, boundary)
+    return TrainingSummary(matrix, boundary, expandable)
 
 
 def main(argv: list[str] | None = None) -> int:
