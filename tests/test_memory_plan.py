@@ -268,3 +268,25 @@ def test_a_training_verdict_near_the_line_says_it_is_tight(capsys):
     o = run_json(capsys, "estimate", "--config", "llama-3.2-1b", "--precision", "bf16", "--mode", "prefill",
                  "--seq-len", "131072", "--budget", "6GiB")[0]
     assert "tight" not in o["verdict"]
+
+
+def test_a_refusal_that_expandable_segments_would_let_run_says_so(capsys):
+    """A training step refused for the holes the default allocator keeps, whose peak + 2% fits,
+    names PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; `fits_expandable_segments` says the
+    same in JSON at every length, and inference has no such field."""
+    from harness.memory import budget as B
+
+    said = set()
+    for seq in range(128, 1025, 64):
+        o = run_json(capsys, "estimate", "--config", "phi-4-mini", "--precision", "nf4-dq", "--mode", "train",
+                     "--lora-targets", "all-linear", "--lora-r", "32", "--optimizer", "adamw_8bit",
+                     "--seq-len", str(seq), "--budget", "6GiB")[0]
+        usable = B.usable_for_peak(o["budget_bytes"], o["context_bytes"], B.EXPANDABLE_TRAIN_RESERVE)
+        assert o["fits_expandable_segments"] is (o["peak_bytes"] <= usable), seq
+        note = "with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it fits" in o["verdict"]
+        assert note is (not o["fits"] and o["fits_expandable_segments"]), (seq, o["verdict"])
+        said.add((o["fits"], o["fits_expandable_segments"]))
+    assert said == {(True, True), (False, True), (False, False)}  # the lengths span all three
+    o = run_json(capsys, "estimate", "--config", "phi-4-mini", "--precision", "nf4-dq", "--mode", "prefill",
+                 "--seq-len", "1024", "--budget", "6GiB")[0]
+    assert "fits_expandable_segments" not in o and "expandable" not in o["verdict"]

@@ -1,13 +1,16 @@
 """Choose the training reserve (estimate.RESERVE_FRACTION["train"] and estimate.REALLOCATED_HOLES)
 from every committed plan --train boundary case: the two truth runs (suites/vram/measured/truth/)
 and the families runs (families_truth.FAMILIES_DIRS), each a real OOM or not under an emulated
-6 GiB card.
+6 GiB card with torch's default caching allocator. With `--allocator expandable`, the reserve of
+the verdict with expandable segments (budget.EXPANDABLE_TRAIN_RESERVE) from every capped run made
+with them.
 
 The rule: of the grid's settings that let no predicted fit run out, the one with the smallest
-logistic loss on the margin (planned x (1 + fraction) / (budget - context) - 1, at a 1% scale:
-a verdict 1% on the wrong side costs about as much as one 1% on the right side saves).
+logistic loss on the margin (need / (budget - context) - 1, at a 1% scale: a verdict 1% on the
+wrong side costs about as much as one 1% on the right side saves).
 
-    python benchmarks/vram/choose_reserve.py [--runs N]   # N: families runs in the choice (default all)
+    python benchmarks/vram/choose_reserve.py [--runs N] [--allocator default|expandable]
+    # N: the families runs in the choice (default: every committed one)
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from harness.memory import families_truth as T  # noqa: E402
 from harness.memory.families import at_transformers  # noqa: E402
 from harness.memory.matrix import row_query  # noqa: E402
 from harness.memory.shape import model_shape  # noqa: E402
-from harness.memory.train_matrix import load_truth  # noqa: E402
+from harness.memory.train_matrix import load_truth, runs_expandable  # noqa: E402
 
 FRACTIONS = tuple(x / 1000 for x in range(20, 71, 5))
 LOGITS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.30)
@@ -48,15 +51,18 @@ class Case:
         return (self.est.peak_bytes + sum(holes.values())) * (1 + fraction) / self.line - 1
 
 
-def boundary_cases(family_runs: int | None = None) -> list[Case]:
-    rows = [dict(r, _run=r["run"]) for r in load_truth()[0]]
+def boundary_cases(family_runs: int | None = None, expandable: bool = False) -> list[Case]:
+    """The capped cases: boundary rows with the default allocator, or every capped row run with
+    expandable segments (the fifth run's misses and the seventh's refusals again, the eighth run)."""
+    rows = [] if expandable else [dict(r, _run=r["run"]) for r in load_truth()[0]]
     dirs = T.FAMILIES_DIRS[:family_runs] if family_runs else T.FAMILIES_DIRS
     for i, d in enumerate(dirs, 1):
         rows += [dict(r, _run=f"families-{i}") for r in T.load_rows(d)["train"]]
     shapes: dict = {}
     out = []
     for r in rows:
-        if r.get("role") != "boundary" or r.get("error"):
+        wanted = r.get("budget_bytes") if expandable else r.get("role") == "boundary"
+        if not wanted or r.get("error") or runs_expandable(r) is not expandable:
             continue
         key = (r["arch"], r.get("transformers"))
         shape = shapes.setdefault(key, at_transformers(model_shape(r["arch"]), r.get("transformers")))
@@ -88,20 +94,47 @@ def choose(cases: list[Case]) -> tuple[float, dict[str, float], tuple[int, int, 
     return best
 
 
+def choose_expandable(cases: list[Case]) -> tuple[float, tuple[int, int, float]]:
+    """The same rule for the peak's reserve alone: expandable segments keep no holes."""
+    best = None
+    for fraction in tuple(x / 1000 for x in range(0, 81, 5)):
+        s = score([(c.est.peak_bytes * (1 + fraction) / c.line - 1, c.fits) for c in cases])
+        if s[0] == 0 and (best is None or s[2] < best[1][2]):
+            best = (fraction, s)
+    if best is None:
+        raise SystemExit("no reserve on the grid lets every predicted fit fit")
+    return best
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=None, help="families runs in the choice (default: all committed)")
+    ap.add_argument("--allocator", choices=("default", "expandable"), default="default",
+                    help="the verdict whose reserve to choose (default: torch's default caching allocator)")
     args = ap.parse_args(argv)
+    if args.allocator == "expandable":
+        from harness.memory.budget import EXPANDABLE_TRAIN_RESERVE
+
+        cases = boundary_cases(args.runs, expandable=True)
+        fraction, (ff, agree, loss) = choose_expandable(cases)
+        print(f"{len(cases)} capped runs with expandable segments: reserve {fraction:.3f}: {agree}/{len(cases)} "
+              f"agree, {ff} predicted fits that ran out, loss {loss:.1f}")
+        print(f"budget.py holds: {EXPANDABLE_TRAIN_RESERVE:.3f}")
+        return 0
     cases = boundary_cases(args.runs)
     fraction, shares, (ff, agree, loss) = choose(cases)
     print(f"{len(cases)} boundary cases: fraction {fraction:.3f}, shares {shares}: "
           f"{agree}/{len(cases)} agree, {ff} predicted fits that ran out, loss {loss:.1f}")
-    current = (E.RESERVE_FRACTION["train"], E.REALLOCATED_HOLES)
-    print(f"estimate.py holds: fraction {current[0]:.3f}, shares {current[1]}")
+    held = (E.RESERVE_FRACTION["train"], E.REALLOCATED_HOLES)
+    print(f"estimate.py holds: fraction {held[0]:.3f}, shares {held[1]}")
+    print(f"    {'run':12} {'this choice':>30} {'what estimate.py holds':>32}")
     for run in sorted({c.run for c in cases}):
         mine = [c for c in cases if c.run == run]
-        ff, agree, _ = score([(c.margin(fraction, shares), c.fits) for c in mine])
-        print(f"    {run:12} {agree:3}/{len(mine):<3} agree, {ff} predicted fits that ran out")
+        cells = []
+        for f, sh in ((fraction, shares), held):
+            ff, agree, _ = score([(c.margin(f, sh), c.fits) for c in mine])
+            cells.append(f"{agree:3}/{len(mine):<3} agree, {ff} ran out")
+        print(f"    {run:12} {cells[0]:>30} {cells[1]:>32}")
     return 0
 
 

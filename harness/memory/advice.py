@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from .budget import fits, usable_for_peak
+from .budget import EXPANDABLE_SEGMENTS, EXPANDABLE_TRAIN_RESERVE, fits, usable_for_peak
 from .estimate import Query, estimate
 from .picture import parts
 
@@ -71,8 +71,9 @@ def _longest_fitting(shape, q: Query, ok) -> int | None:
     return hi if ok(_planned(shape, replace(q, seq_len=hi))) else lo
 
 
-def candidate_changes(shape, q: Query, ok) -> list[Change]:
-    """Every single change that applies to this run, with its planned bytes."""
+def candidate_changes(shape, q: Query, ok, headroom: float) -> list[Change]:
+    """Every single change that applies to this run, with its planned bytes (what the default
+    allocator's `headroom` multiplies)."""
     est = estimate(shape, q)
     base = est.planned_bytes
     out: list[Change] = []
@@ -102,6 +103,9 @@ def candidate_changes(shape, q: Query, ok) -> list[Change]:
         add("gradient checkpointing on", _planned(shape, replace(q, grad_checkpointing=True)))
     if q.lora_r > SMALL_RANK:
         add(f"LoRA rank {SMALL_RANK}", _planned(shape, replace(q, lora_r=SMALL_RANK)))
+    if est.fragmentation_bytes:  # the same run, its peak + EXPANDABLE_TRAIN_RESERVE in the same units
+        add(EXPANDABLE_SEGMENTS, int(est.peak_bytes * (1 + EXPANDABLE_TRAIN_RESERVE) / (1 + headroom)),
+            f"the allocator gives its holes back: the peak + {EXPANDABLE_TRAIN_RESERVE:.0%}, nothing else changes")
     out.sort(key=lambda c: (c.planned_bytes, c.change))
     return out
 
@@ -118,7 +122,7 @@ def train_advice(shape, q: Query, budget_bytes: int, context_bytes: int, headroo
                           for p in top])
     if advice.fits:
         return advice
-    advice.changes = candidate_changes(shape, q, ok)
+    advice.changes = candidate_changes(shape, q, ok, headroom)
     fitting = [c for c in advice.changes if c.fits]
     # the change that keeps most of the run: a fitting change other than cutting the context, if any
     keep = [c for c in fitting if not c.change.startswith("shorter context")] or fitting

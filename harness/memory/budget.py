@@ -142,10 +142,10 @@ def need_text(what: str, need: int, budget_bytes: int, context_bytes: int, headr
     return f"{what} need {_size(need, usable)}{note}; {usable_text(budget_bytes, context_bytes, headroom, need)}"
 
 
-# How near the line a training verdict is a coin flip: under the emulated 6 GiB card (four H200
-# families runs and two truth runs, 186 boundary cases) the training reserve's misses lay within
-# 3.1% of the line, on either side over the two choices of its terms, but one (llama-3.2-1b all-linear
-# r64 768 x 2, refused 11% over it: its peak is put 4% high); docs/vram.md, "Where a training step's
+# How near the line a training verdict is a coin flip: under the emulated 6 GiB card (the families
+# runs and the two truth runs, 258 boundary cases) 15 of the training reserve's 18 misses lay within
+# 3.6% of the line; the others 6.4% and 14.5% over it (refusals that fitted: llama-3.2-1b all-linear
+# r64 768 x 2, whose peak the estimate puts 4% high); docs/vram.md, "Where a training step's
 # reserve goes".
 TRAIN_VERDICT_UNCERTAINTY = 0.035
 

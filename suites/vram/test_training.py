@@ -117,14 +117,14 @@ def _boundary_rows(record, s, run: str) -> None:
             "plan says": "fits" if r["planner_fits"] else "no", "ran": "fit" if r["actually_fits"] else "OOM"})
 
 
-# The training reserve with the re-allocated blocks' holes (estimate.REALLOCATED_HOLES) was chosen
-# over the 150 boundary cases of these two runs and the families' three, pooled: 142 agree, as with
-# the flat 5.7% before it, and no predicted fit runs out (the flat reserve let two of the families'
-# run out). It refuses more of the validation run's small models near the line: 35 of 40 agree
-# (38 before), every miss a refusal that fitted (llama-3.2-1b, whose peak the estimate puts up to
-# 4% high, three of them). Pinned there so that a regression still fails; a predicted fit that runs
-# out still fails everywhere (docs/vram.md, "Where a training step's reserve goes").
-AGREEMENT_SHORTFALL = {"validation": 35 / 40}
+# The training reserve with the holes a step cannot reuse (estimate.REALLOCATED_HOLES) is one
+# pooled choice over the boundary cases of these two runs and the families runs
+# (benchmarks/vram/choose_reserve.py). It refuses more of the validation run's small models near the
+# line: 33 of 40 agree (38 with the flat 5.7% before it), every miss a refusal that fitted
+# (llama-3.2-1b, whose peak the estimate puts up to 4% high, three of them). Pinned there so that a
+# regression still fails; a predicted fit that runs out still fails everywhere (docs/vram.md,
+# "Where a training step's reserve goes").
+AGREEMENT_SHORTFALL = {"validation": 33 / 40}
 
 
 @pytest.mark.parametrize("run", ["run1", "validation"])
