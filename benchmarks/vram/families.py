@@ -37,7 +37,8 @@ uncapped, with phi-4-mini's all-linear ranks (diagnose_jobs); "reserve3", the se
 refusal again with expandable segments; "expandable", the eighth (measured-families-8/): 36 fresh
 boundary cases of the verdict with expandable segments, run with them (expandable_jobs); "under",
 the ninth (measured-families-9/): the steps whose peak the estimate puts 2-3% low, recorded with
-the allocator's history (under_jobs). `--list` prints the jobs with each case's prediction and verdict.
+the allocator's history (under_jobs); "again", the tenth (measured-families-10/): 36 more fresh
+boundary cases of each verdict, nothing changed (again_jobs). `--list` prints the jobs with each case's prediction and verdict.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")
         "diagnose5": ("phi-4-mini", "qwen3-1.7b", "gemma-3-1b"),
         "reserve3": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
         "expandable": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
-        "under": ("mistral-7b-v0.3", "phi-4-mini")}
+        "under": ("mistral-7b-v0.3", "phi-4-mini"),
+        "again": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -356,6 +358,20 @@ def reserve_jobs(job_set: str = "reserve") -> list[dict]:
     return jobs + [dict(train_job(c), env=EXPANDABLE, name=train_job(c)["name"] + "-expandable") for c in refused]
 
 
+def again_jobs() -> list[dict]:
+    """The tenth run (--set again): 36 more fresh boundary cases of each verdict, nothing changed
+    since the seventh and eighth runs tested them: plan --train's (default allocator), then the
+    verdict with expandable segments (run with them); none at a committed setting or each other's."""
+    families = SETS["again"]
+    seen = committed_settings(9, truth=True)
+    default = fresh_boundary_cases(random.Random(2733), seen, FRESH_PER_FAMILY, families)
+    seen |= {setting(asdict(c)) for c in default}
+    expandable = fresh_boundary_cases(random.Random(2734), seen, FRESH_PER_FAMILY, families, expandable_ratio)
+    ordered = lambda cases: [c for c in cases if c.arch == families[0]] + interleaved_by_family(cases, families[1:])  # noqa: E731
+    return [train_job(c) for c in ordered(default)] + [
+        dict(train_job(c), env=EXPANDABLE, name=train_job(c)["name"] + "-expandable") for c in ordered(expandable)]
+
+
 # The fifth run's predicted fits that ran out under the 6 GiB card (arch, targets, r, checkpointing,
 # batch, seq, optimizer), and phi-4-mini's all-linear rank series at one shape around its two.
 MISSES_5 = (("phi-4-mini", "all", 32, True, 1, 192, "adamw_8bit"), ("phi-4-mini", "all", 32, True, 2, 128, "adamw_8bit"),
@@ -452,6 +468,8 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
         return expandable_jobs()
     if job_set == "under":
         return under_jobs()
+    if job_set == "again":
+        return again_jobs()
     rng = random.Random(27)
     boundary = [train_job(c) for c in boundary_cases(rng, 6)]
     first = snapshot_jobs()
