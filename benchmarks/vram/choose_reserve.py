@@ -35,6 +35,7 @@ from harness.memory.train_matrix import load_truth, runs_expandable  # noqa: E40
 FRACTIONS = tuple(x / 1000 for x in range(20, 71, 5))
 LOGITS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.30)
 QUARTERS = (0.0, 0.25, 0.5, 0.75, 1.0)
+EXPANDABLE_FRACTIONS = tuple(x / 1000 for x in range(0, 81, 5))  # the peak's reserve alone: 0-8%
 
 
 @dataclass
@@ -46,9 +47,14 @@ class Case:
     line: int  # budget - this process's CUDA context
     fits: bool
 
-    def margin(self, fraction: float, shares: dict[str, float]) -> float:
+    def planned(self, shares: dict[str, float]) -> int:
+        """The peak and the holes these shares keep (estimate.fragmentation_parts)."""
         holes = E.fragmentation_parts(self.shape, row_query(self.row), self.est.breakdown, self.est.peak_bytes, shares)
-        return (self.est.peak_bytes + sum(holes.values())) * (1 + fraction) / self.line - 1
+        return self.est.peak_bytes + sum(holes.values())
+
+    def margin(self, need: int, fraction: float) -> float:
+        """How far `need` x (1 + fraction) lies past the line (negative: under it)."""
+        return need * (1 + fraction) / self.line - 1
 
 
 def boundary_cases(family_runs: int | None = None, expandable: bool = False) -> list[Case]:
@@ -83,10 +89,9 @@ def choose(cases: list[Case]) -> tuple[float, dict[str, float], tuple[int, int, 
     best = None
     for logits, optimizer, upcast in itertools.product(LOGITS, QUARTERS, QUARTERS):
         shares = {"logits": logits, "optimizer_states": optimizer, "upcast": upcast}
-        holes = [(c, sum(E.fragmentation_parts(c.shape, row_query(c.row), c.est.breakdown, c.est.peak_bytes,
-                                               shares).values())) for c in cases]
+        planned = [(c, c.planned(shares)) for c in cases]
         for fraction in FRACTIONS:
-            s = score([((c.est.peak_bytes + h) * (1 + fraction) / c.line - 1, c.fits) for c, h in holes])
+            s = score([(c.margin(need, fraction), c.fits) for c, need in planned])
             if s[0] == 0 and (best is None or s[2] < best[2][2]):
                 best = (fraction, shares, s)
     if best is None:
@@ -97,8 +102,8 @@ def choose(cases: list[Case]) -> tuple[float, dict[str, float], tuple[int, int, 
 def choose_expandable(cases: list[Case]) -> tuple[float, tuple[int, int, float]]:
     """The same rule for the peak's reserve alone: expandable segments keep no holes."""
     best = None
-    for fraction in tuple(x / 1000 for x in range(0, 81, 5)):
-        s = score([(c.est.peak_bytes * (1 + fraction) / c.line - 1, c.fits) for c in cases])
+    for fraction in EXPANDABLE_FRACTIONS:
+        s = score([(c.margin(c.est.peak_bytes, fraction), c.fits) for c in cases])
         if s[0] == 0 and (best is None or s[2] < best[1][2]):
             best = (fraction, s)
     if best is None:
@@ -132,7 +137,7 @@ def main(argv=None) -> int:
         mine = [c for c in cases if c.run == run]
         cells = []
         for f, sh in ((fraction, shares), held):
-            ff, agree, _ = score([(c.margin(f, sh), c.fits) for c in mine])
+            ff, agree, _ = score([(c.margin(c.planned(sh), f), c.fits) for c in mine])
             cells.append(f"{agree:3}/{len(mine):<3} agree, {ff} ran out")
         print(f"    {run:12} {cells[0]:>30} {cells[1]:>32}")
     return 0

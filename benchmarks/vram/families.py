@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness import atomic  # noqa: E402
+from harness.memory.budget import EXPANDABLE_SEGMENTS  # noqa: E402
 from harness.memory.train_matrix import TrainCase  # noqa: E402
 
 FAMILIES = ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "phi-4-mini")
@@ -181,6 +182,18 @@ def train_job(case: TrainCase) -> dict:
                     f"-b{case.batch}-s{case.seq_len}-{case.optimizer}"}
 
 
+def expandable_job(case: TrainCase, suffix: str = "-expandable") -> dict:
+    """`case` run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (its name + `suffix`)."""
+    job = train_job(case)
+    return dict(job, env=EXPANDABLE, name=job["name"] + suffix)
+
+
+def snapshot_train_job(case: TrainCase, suffix: str = "") -> dict:
+    """`case` run with the allocator's history recorded (harness.memory.snapshot_case)."""
+    return {"kind": "snapshot-train", "arch": case.arch, "case": asdict(case), "claim": claim_bytes(case),
+            "name": f"snapshot-train-{case.arch}-{case.targets}-r{case.lora_r}-b{case.batch}-s{case.seq_len}{suffix}"}
+
+
 def infer_job(arch: str, precision: str) -> dict:
     return {"kind": "infer", "arch": arch, "precision": precision, "name": f"infer-{arch}-{precision}",
             "claim": infer_claim(arch, precision)}
@@ -265,6 +278,12 @@ def committed_settings(runs: int = 2, truth: bool = False) -> set[tuple]:
     return {setting(r) for r in rows + (load_truth()[0] if truth else [])}
 
 
+def first_family_first(cases: list[TrainCase], families: tuple[str, ...]) -> list[TrainCase]:
+    """The first family's cases (Mistral's: its checkpoint takes longest to save), then the rest
+    interleaved by family."""
+    return [c for c in cases if c.arch == families[0]] + interleaved_by_family(cases, families[1:])
+
+
 def interleaved_by_family(cases: list[TrainCase], families: tuple[str, ...]) -> list[TrainCase]:
     """One case of each family in turn, then what the families with more cases have left."""
     per_arch = [[c for c in cases if c.arch == a] for a in families]
@@ -327,9 +346,7 @@ def fresh_jobs() -> list[dict]:
     rest = interleaved_by_family(boundary, SETS["fresh"][1:])
     snaps = [TrainCase(mistral, "nf4-dq", t, r, True, b, seq, "adamw_torch", role="snapshot", steps=2)
              for t, r, b, seq in FRESH_SNAPSHOTS]
-    snap_jobs = [{"kind": "snapshot-train", "arch": c.arch, "case": asdict(c), "claim": claim_bytes(c),
-                  "name": f"snapshot-train-{c.arch}-{c.targets}-r{c.lora_r}-b{c.batch}-s{c.seq_len}"} for c in snaps]
-    return snap_jobs + [train_job(c) for c in interleave(b2, first) + rest]
+    return [snapshot_train_job(c) for c in snaps] + [train_job(c) for c in interleave(b2, first) + rest]
 
 
 # (seed, runs committed before the set was drawn) of the reserve sets: the fourth run tested the
@@ -346,16 +363,14 @@ def reserve_jobs(job_set: str = "reserve") -> list[dict]:
     seed, runs = RESERVE_SETS[job_set]
     families = SETS[job_set]
     seen = committed_settings(runs, truth=True)
-    boundary = fresh_boundary_cases(random.Random(seed), seen, FRESH_PER_FAMILY, families)
-    first = [c for c in boundary if c.arch == families[0]]
-    jobs = [train_job(c) for c in first + interleaved_by_family(boundary, families[1:])]
+    boundary = first_family_first(fresh_boundary_cases(random.Random(seed), seen, FRESH_PER_FAMILY, families), families)
+    jobs = [train_job(c) for c in boundary]
     if job_set != "reserve3":
         return jobs
     # then each refusal again with expandable segments (role "recheck": not a boundary case twice),
     # whether the fix `explain` names for fragmentation would have let it run
-    refused = [replace(c, role="recheck") for c in first + interleaved_by_family(boundary, families[1:])
-               if "does not fit" in case_verdict(c)]
-    return jobs + [dict(train_job(c), env=EXPANDABLE, name=train_job(c)["name"] + "-expandable") for c in refused]
+    refused = [replace(c, role="recheck") for c in boundary if "does not fit" in case_verdict(c)]
+    return jobs + [expandable_job(c) for c in refused]
 
 
 def again_jobs() -> list[dict]:
@@ -367,9 +382,8 @@ def again_jobs() -> list[dict]:
     default = fresh_boundary_cases(random.Random(2733), seen, FRESH_PER_FAMILY, families)
     seen |= {setting(asdict(c)) for c in default}
     expandable = fresh_boundary_cases(random.Random(2734), seen, FRESH_PER_FAMILY, families, expandable_ratio)
-    ordered = lambda cases: [c for c in cases if c.arch == families[0]] + interleaved_by_family(cases, families[1:])  # noqa: E731
-    return [train_job(c) for c in ordered(default)] + [
-        dict(train_job(c), env=EXPANDABLE, name=train_job(c)["name"] + "-expandable") for c in ordered(expandable)]
+    return ([train_job(c) for c in first_family_first(default, families)]
+            + [expandable_job(c) for c in first_family_first(expandable, families)])
 
 
 # The fifth run's predicted fits that ran out under the 6 GiB card (arch, targets, r, checkpointing,
@@ -377,7 +391,7 @@ def again_jobs() -> list[dict]:
 MISSES_5 = (("phi-4-mini", "all", 32, True, 1, 192, "adamw_8bit"), ("phi-4-mini", "all", 32, True, 2, 128, "adamw_8bit"),
             ("qwen3-1.7b", "all", 8, False, 3, 128, "adamw_8bit"), ("gemma-3-1b", "all", 16, False, 1, 384, "adamw_torch"))
 PHI_RANKS = (8, 16, 64)
-EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+EXPANDABLE = dict([EXPANDABLE_SEGMENTS.split("=", 1)])  # the job's environment: budget's setting
 
 
 def diagnose_jobs() -> list[dict]:
@@ -390,14 +404,11 @@ def diagnose_jobs() -> list[dict]:
     out = []
     for arch, targets, r, gc_on, batch, seq, opt in MISSES_5:
         capped = TrainCase(arch, "nf4-dq", targets, r, gc_on, batch, seq, opt, budget_bytes=BUDGET, role="recheck")
-        out += [train_job(capped), dict(train_job(capped), env=EXPANDABLE, name=train_job(capped)["name"] + "-expandable"),
-                train_job(TrainCase(arch, "nf4-dq", targets, r, gc_on, batch, seq, opt))]
+        out += [train_job(capped), expandable_job(capped), train_job(TrainCase(arch, "nf4-dq", targets, r, gc_on, batch, seq, opt))]
     out += [train_job(TrainCase("phi-4-mini", "nf4-dq", "all", r, True, 1, 192, "adamw_8bit")) for r in PHI_RANKS]
     arch, targets, r, gc_on, batch, seq, opt = MISSES_5[0]
     snap = TrainCase(arch, "nf4-dq", targets, r, gc_on, batch, seq, opt, role="snapshot", steps=2)
-    out.append({"kind": "snapshot-train", "arch": snap.arch, "case": asdict(snap), "claim": claim_bytes(snap),
-                "name": f"snapshot-train-{snap.arch}-{snap.targets}-r{snap.lora_r}-b{snap.batch}-s{snap.seq_len}"})
-    return out
+    return out + [snapshot_train_job(snap)]
 
 
 def expandable_jobs() -> list[dict]:
@@ -407,8 +418,7 @@ def expandable_jobs() -> list[dict]:
     families = SETS["expandable"]
     seen = committed_settings(7, truth=True)
     boundary = fresh_boundary_cases(random.Random(2732), seen, FRESH_PER_FAMILY, families, expandable_ratio)
-    first = [c for c in boundary if c.arch == families[0]]
-    return [dict(train_job(c), env=EXPANDABLE) for c in first + interleaved_by_family(boundary, families[1:])]
+    return [expandable_job(c, suffix="") for c in first_family_first(boundary, families)]
 
 
 # Steps whose peak the estimate puts 2-3% low (the checkpointed Mistral-7B attention-only steps,
@@ -422,12 +432,8 @@ UNDER_SNAPSHOTS = (("mistral-7b-v0.3", "attn", 16, 2, 384, "adamw_torch"),
 
 def under_jobs() -> list[dict]:
     """The ninth run (--set under): where the under-predicted peaks' bytes are (snapshot_case)."""
-    out = []
-    for arch, targets, r, batch, seq, opt in UNDER_SNAPSHOTS:
-        c = TrainCase(arch, "nf4-dq", targets, r, True, batch, seq, opt, role="snapshot", steps=2)
-        out.append({"kind": "snapshot-train", "arch": arch, "case": asdict(c), "claim": claim_bytes(c),
-                    "name": f"snapshot-train-{arch}-{targets}-r{r}-b{batch}-s{seq}-{opt}"})
-    return out
+    return [snapshot_train_job(TrainCase(arch, "nf4-dq", targets, r, True, batch, seq, opt, role="snapshot", steps=2),
+                               suffix=f"-{opt}") for arch, targets, r, batch, seq, opt in UNDER_SNAPSHOTS]
 
 
 def case_verdict(case: TrainCase) -> str:

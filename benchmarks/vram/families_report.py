@@ -39,10 +39,8 @@ def main(argv=None) -> int:
                         "per_family": {a: {"cases": len(s.boundary_of(a)), "agreement": s.agreement_of(a)}
                                        for a in sorted({r["arch"] for r in s.boundary})}},
            "boundary_expandable": {"cases": len(s.boundary_expandable),
-                                   "agreement": (sum(r["planner_fits"] == r["actually_fits"] for r in s.boundary_expandable)
-                                                 / len(s.boundary_expandable)) if s.boundary_expandable else None,
-                                   "false_fits": sum(r["planner_fits"] and not r["actually_fits"]
-                                                     for r in s.boundary_expandable)},
+                                   "agreement": T.agreement(s.boundary_expandable) if s.boundary_expandable else None,
+                                   "false_fits": len(T.false_fits(s.boundary_expandable))},
            "offload": s.offload,
            "pictures": s.pictures, "failed_cases": s.failed, "held_out": list(T.HELD_OUT)}
     atomic.write_json(Path(args.json), out)

@@ -60,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
                         obj["verdict"] = ("fits: " if obj["fits"] else "does not fit: ") + B.need_text(
                             "it", est.planned_bytes, budget, context, headroom, B.fragmentation_note(est)).replace(
                             "it need ", "it needs " if est.fragmentation_bytes else "the peak is ", 1) + B.tight_note(
-                            est.planned_bytes, budget, context, headroom, m) + (
-                            B.expandable_note(est, budget, context) if m == "train" else "")
+                            est.planned_bytes, budget, context, headroom, m) + B.expandable_note(est, budget, context)
                         if m == "train":
                             obj["fits_expandable_segments"] = B.fits_expandable(est, budget, context)
                     if args.explain:

@@ -128,6 +128,16 @@ class ErrorStats:
         return {"n": self.n, "median": self.median, "worst": self.worst, "worst_under": self.worst_under}
 
 
+def agreement(boundary: list[dict]) -> float:
+    """The share of boundary rows whose verdict matched what ran (nan without rows)."""
+    return sum(r["planner_fits"] == r["actually_fits"] for r in boundary) / len(boundary) if boundary else float("nan")
+
+
+def false_fits(boundary: list[dict]) -> list[dict]:
+    """The boundary rows predicted to fit that ran out of memory."""
+    return [r for r in boundary if r["planner_fits"] and not r["actually_fits"]]
+
+
 @dataclass
 class FamilySummary:
     inference: dict[str, ErrorStats | None] = field(default_factory=dict)  # arch -> stats
@@ -143,16 +153,15 @@ class FamilySummary:
         return [r for r in self.boundary if r["arch"] == arch]
 
     def agreement_of(self, arch: str) -> float:
-        rows = self.boundary_of(arch)
-        return sum(r["planner_fits"] == r["actually_fits"] for r in rows) / len(rows) if rows else float("nan")
+        return agreement(self.boundary_of(arch))
 
     @property
     def agreement(self) -> float:
-        return sum(r["planner_fits"] == r["actually_fits"] for r in self.boundary) / len(self.boundary) if self.boundary else float("nan")
+        return agreement(self.boundary)
 
     @property
     def false_fits(self) -> list[dict]:
-        return [r for r in self.boundary if r["planner_fits"] and not r["actually_fits"]]
+        return false_fits(self.boundary)
 
 
 def evaluate_families(directory: Path | None = None) -> FamilySummary:
@@ -259,15 +268,13 @@ def summary_lines(s: FamilySummary) -> list[str]:
         lines.append(f"plan --train vs real OOM under 6 GiB: {len(s.boundary)} cases, agreement {pct(s.agreement)}, "
                      f"{len(s.false_fits)} predicted fits that ran out")
         for arch in sorted({r["arch"] for r in s.boundary}):
-            false = sum(r["planner_fits"] and not r["actually_fits"] for r in s.boundary_of(arch))
+            false = len(false_fits(s.boundary_of(arch)))
             lines.append(f"    {arch:16s} {len(s.boundary_of(arch)):3d} cases, agreement {pct(s.agreement_of(arch))}, "
                          f"{false} predicted fits that ran out")
     if s.boundary_expandable:
         b = s.boundary_expandable
-        agree = sum(r["planner_fits"] == r["actually_fits"] for r in b)
-        false = sum(r["planner_fits"] and not r["actually_fits"] for r in b)
-        lines.append(f"the same with expandable segments: {len(b)} cases, agreement {pct(agree / len(b))}, "
-                     f"{false} predicted fits that ran out")
+        lines.append(f"the same with expandable segments: {len(b)} cases, agreement {pct(agreement(b))}, "
+                     f"{len(false_fits(b))} predicted fits that ran out")
     for o in s.offload:
         gib = lambda v: f"{(v or 0) / 2**30:.2f} GiB"  # noqa: E731
         lines.append(f"plan --offload {o['arch']} under {gib(o['budget_bytes'])}: layers {o['layers_on']}, oom={o['oom']}, "

@@ -96,8 +96,8 @@ def test_the_verdict_with_expandable_segments_against_real_oom(summary, record):
     b = summary.boundary_expandable
     if not b:
         pytest.skip("no boundary rows run with expandable segments committed yet")
-    agreement = sum(r["planner_fits"] == r["actually_fits"] for r in b) / len(b)
-    false = {_case(r) for r in b if r["planner_fits"] and not r["actually_fits"]}
+    agreement = T.agreement(b)
+    false = {_case(r) for r in T.false_fits(b)}
     record(boundary_cases=len(b), agreement=agreement, false_fits=sorted(false))
     assert len(b) >= MIN_BOUNDARY
     assert {r["actually_fits"] for r in b} == {True, False}  # near its line, both happen
