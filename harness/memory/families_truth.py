@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .train_matrix import agreement, false_fits
+
 FAMILIES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "vram" / "measured-families"
 # the second run (benchmarks/vram/families.py --set mistral-moe): Mistral-7B v0.3 and Qwen3-30B-A3B
 FAMILIES_DIR_2 = FAMILIES_DIR.parent / "measured-families-2"
@@ -126,16 +128,6 @@ class ErrorStats:
 
     def as_dict(self) -> dict:
         return {"n": self.n, "median": self.median, "worst": self.worst, "worst_under": self.worst_under}
-
-
-def agreement(boundary: list[dict]) -> float:
-    """The share of boundary rows whose verdict matched what ran (nan without rows)."""
-    return sum(r["planner_fits"] == r["actually_fits"] for r in boundary) / len(boundary) if boundary else float("nan")
-
-
-def false_fits(boundary: list[dict]) -> list[dict]:
-    """The boundary rows predicted to fit that ran out of memory."""
-    return [r for r in boundary if r["planner_fits"] and not r["actually_fits"]]
 
 
 @dataclass

@@ -292,6 +292,16 @@ def load_truth(runs=tuple(TRUTH_RUNS)) -> tuple[list[dict], dict]:
     return rows, env
 
 
+def agreement(boundary: list[dict]) -> float:
+    """The share of boundary rows whose verdict matched what ran (nan without rows)."""
+    return sum(r["planner_fits"] == r["actually_fits"] for r in boundary) / len(boundary) if boundary else float("nan")
+
+
+def false_fits(boundary: list[dict]) -> list[dict]:
+    """The boundary rows predicted to fit that ran out of memory."""
+    return [r for r in boundary if r["planner_fits"] and not r["actually_fits"]]
+
+
 @dataclass
 class TrainingSummary:
     rows: list[dict]  # matrix rows with "predicted" and "error" added
@@ -308,11 +318,10 @@ class TrainingSummary:
         return [r for r in self.boundary if run is None or r.get("run") == run]
 
     def agreement_of(self, run: str | None = None) -> float:
-        rows = self.boundary_of(run)
-        return sum(r["planner_fits"] == r["actually_fits"] for r in rows) / len(rows) if rows else float("nan")
+        return agreement(self.boundary_of(run))
 
     def false_fits_of(self, run: str | None = None) -> list[dict]:
-        return [r for r in self.boundary_of(run) if r["planner_fits"] and not r["actually_fits"]]
+        return false_fits(self.boundary_of(run))
 
     @property
     def agreement(self) -> float:
