@@ -38,7 +38,9 @@ refusal again with expandable segments; "expandable", the eighth (measured-famil
 boundary cases of the verdict with expandable segments, run with them (expandable_jobs); "under",
 the ninth (measured-families-9/): the steps whose peak the estimate puts 2-3% low, recorded with
 the allocator's history (under_jobs); "again", the tenth (measured-families-10/): 36 more fresh
-boundary cases of each verdict, nothing changed (again_jobs). `--list` prints the jobs with each case's prediction and verdict.
+boundary cases of each verdict, nothing changed (again_jobs); "under2", the eleventh
+(measured-families-11/): the ninth run's steps and the expandable verdict's one false fit, recorded
+again with every allocation live at the peak grouped by the stack that made it (snapshot.peak_groups). `--list` prints the jobs with each case's prediction and verdict.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")
         "reserve3": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
         "expandable": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
         "under": ("mistral-7b-v0.3", "phi-4-mini"),
+        "under2": ("mistral-7b-v0.3", "phi-4-mini"),
         "again": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
@@ -430,10 +433,15 @@ UNDER_SNAPSHOTS = (("mistral-7b-v0.3", "attn", 16, 2, 384, "adamw_torch"),
                    ("phi-4-mini", "all", 64, 1, 128, "adamw_8bit"))
 
 
-def under_jobs() -> list[dict]:
-    """The ninth run (--set under): where the under-predicted peaks' bytes are (snapshot_case)."""
+# the expandable verdict's false fit (the eighth run), its peak under-predicted
+UNDER2_SNAPSHOTS = UNDER_SNAPSHOTS + (("mistral-7b-v0.3", "all", 32, 1, 128, "adamw_8bit"),)
+
+
+def under_jobs(snapshots: tuple = UNDER_SNAPSHOTS) -> list[dict]:
+    """The ninth run (--set under) and the eleventh (under2): where the under-predicted peaks' bytes
+    are (snapshot_case)."""
     return [snapshot_train_job(TrainCase(arch, "nf4-dq", targets, r, True, batch, seq, opt, role="snapshot", steps=2),
-                               suffix=f"-{opt}") for arch, targets, r, batch, seq, opt in UNDER_SNAPSHOTS]
+                               suffix=f"-{opt}") for arch, targets, r, batch, seq, opt in snapshots]
 
 
 def case_verdict(case: TrainCase) -> str:
@@ -474,6 +482,8 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
         return expandable_jobs()
     if job_set == "under":
         return under_jobs()
+    if job_set == "under2":
+        return under_jobs(UNDER2_SNAPSHOTS)
     if job_set == "again":
         return again_jobs()
     rng = random.Random(27)

@@ -137,6 +137,7 @@ def summarise(snapshot: dict, ranges: Iterable[LineRange] = (), window: str | No
     return {"events": len(events), "allocations": allocs, "window_start": start, "peak_event": peak_at,
             "peak_bytes": max(peak_total, 0), "peak_by_category": {c: v for c, v in peak_cats.items() if v},
             "peak_blocks": peak_blocks(events, peak_at, ranges) if peak_at is not None else [],
+            "peak_groups": peak_groups(events, peak_at, ranges) if peak_at is not None else [],
             "unmatched_frees": unknown_frees, "timeline": timeline,
             "first_event_is_alloc": bool(events) and events[0].get("action") == "alloc"}
 
@@ -165,6 +166,39 @@ def peak_blocks(events: list[dict], peak_at: int, ranges: Iterable[LineRange] = 
     largest = sorted(live.values(), key=lambda i: -int(events[i].get("size", 0)))[:n]
     return [{"size": int(events[i].get("size", 0)), "category": category(events[i].get("frames") or [], ranges),
              "where": _where(events[i].get("frames") or []), "event": i} for i in largest]
+
+
+PEAK_GROUPS = 80
+
+
+def _stack(frames: list[dict], depth: int = 8) -> str:
+    """The innermost `depth` frames' function names, torch's included (a recompute shows as such)."""
+    return " < ".join(str(f.get("name")) for f in frames[:depth])
+
+
+def peak_groups(events: list[dict], peak_at: int, ranges: Iterable[LineRange] = (), n: int = PEAK_GROUPS) -> list[dict]:
+    """Every allocation live at event `peak_at` but the weights', grouped by category, size and the
+    stack that made it (count and bytes): the whole of what the peak holds beyond the model, where
+    peak_blocks names only the largest blocks."""
+    live: dict[int, int] = {}
+    for i, e in enumerate(events[:peak_at + 1]):
+        if e.get("action") == "alloc":
+            live[e.get("addr")] = i
+        elif e.get("action") in FREE_ACTIONS:
+            live.pop(e.get("addr"), None)
+    groups: dict[tuple, dict] = {}
+    for i in live.values():
+        frames = events[i].get("frames") or []
+        cat = category(frames, ranges)
+        if cat == "weights":
+            continue
+        size = int(events[i].get("size", 0))
+        g = groups.setdefault((cat, size, _where(frames), _stack(frames)),
+                              {"category": cat, "size": size, "where": _where(frames), "stack": _stack(frames),
+                               "count": 0, "first_event": i})
+        g["count"] += 1
+        g["first_event"] = min(g["first_event"], i)
+    return sorted(groups.values(), key=lambda g: -g["size"] * g["count"])[:n]
 
 
 class SnapshotRecorder:
