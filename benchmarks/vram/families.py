@@ -40,7 +40,9 @@ the ninth (measured-families-9/): the steps whose peak the estimate puts 2-3% lo
 the allocator's history (under_jobs); "again", the tenth (measured-families-10/): 36 more fresh
 boundary cases of each verdict, nothing changed (again_jobs); "under2", the eleventh
 (measured-families-11/): the ninth run's steps and the expandable verdict's one false fit, recorded
-again with every allocation live at the peak grouped by the stack that made it (snapshot.peak_groups). `--list` prints the jobs with each case's prediction and verdict.
+again with every allocation live at the peak grouped by the stack that made it (snapshot.peak_groups);
+"again2", the twelfth (measured-families-12/): 36 fresh boundary cases of each verdict after the
+recomputed layer's peak gained what those snapshots showed (again_jobs). `--list` prints the jobs with each case's prediction and verdict.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")
         "expandable": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
         "under": ("mistral-7b-v0.3", "phi-4-mini"),
         "under2": ("mistral-7b-v0.3", "phi-4-mini"),
-        "again": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
+        "again": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
+        "again2": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -376,15 +379,23 @@ def reserve_jobs(job_set: str = "reserve") -> list[dict]:
     return jobs + [expandable_job(c) for c in refused]
 
 
-def again_jobs() -> list[dict]:
+# (seed of the default verdict's cases, of the expandable verdict's, runs committed before the set
+# was drawn) of the sets that test both verdicts
+AGAIN_SETS = {"again": (2733, 2734, 9), "again2": (2735, 2736, 11)}
+
+
+def again_jobs(job_set: str = "again") -> list[dict]:
     """The tenth run (--set again): 36 more fresh boundary cases of each verdict, nothing changed
     since the seventh and eighth runs tested them: plan --train's (default allocator), then the
-    verdict with expandable segments (run with them); none at a committed setting or each other's."""
-    families = SETS["again"]
-    seen = committed_settings(9, truth=True)
-    default = fresh_boundary_cases(random.Random(2733), seen, FRESH_PER_FAMILY, families)
+    verdict with expandable segments (run with them); none at a committed setting or each other's.
+    The twelfth (again2): the same after the recomputed layer's peak gained the held logits and the
+    late backward (estimate.held_logits_bytes, late_backward_bytes)."""
+    default_seed, expandable_seed, runs = AGAIN_SETS[job_set]
+    families = SETS[job_set]
+    seen = committed_settings(runs, truth=True)
+    default = fresh_boundary_cases(random.Random(default_seed), seen, FRESH_PER_FAMILY, families)
     seen |= {setting(asdict(c)) for c in default}
-    expandable = fresh_boundary_cases(random.Random(2734), seen, FRESH_PER_FAMILY, families, expandable_ratio)
+    expandable = fresh_boundary_cases(random.Random(expandable_seed), seen, FRESH_PER_FAMILY, families, expandable_ratio)
     return ([train_job(c) for c in first_family_first(default, families)]
             + [expandable_job(c) for c in first_family_first(expandable, families)])
 
@@ -484,8 +495,8 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
         return under_jobs()
     if job_set == "under2":
         return under_jobs(UNDER2_SNAPSHOTS)
-    if job_set == "again":
-        return again_jobs()
+    if job_set in AGAIN_SETS:
+        return again_jobs(job_set)
     rng = random.Random(27)
     boundary = [train_job(c) for c in boundary_cases(rng, 6)]
     first = snapshot_jobs()

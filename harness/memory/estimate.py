@@ -342,6 +342,27 @@ def dequant_backward_bytes(shape: ModelShape, precision: str) -> int:
     return shape.largest_linear * 2
 
 
+def held_logits_bytes(shape: ModelShape, q: Query) -> int:
+    """The step's fp32 logits, alive through the whole backward: the loop keeps the forward's output
+    until backward returns (matrix.optimizer_steps), so the recomputed layer peaks beside them. The
+    eleventh run's snapshots (benchmarks/vram/measured-families-11/) hold them at every
+    recomputed-layer peak."""
+    return block_rounded(q.batch * q.seq_len * shape.vocab * 4)
+
+
+def late_backward_bytes(coeffs: dict, feats: dict, shape: ModelShape) -> int:
+    """How much higher the recomputed layer peaks at the end of the backward than at its start.
+    The fitted phase counts every layer's checkpointed input and almost no LoRA gradient (where the
+    backward starts); by the first layer all but one checkpoint are freed and every other layer's
+    LoRA gradients are made (where a large rank's all-linear step peaks: the eleventh run's
+    Mistral-7B r32 128 x 1 holds 31 layers' gradients at its peak, 4.9% over the estimate without
+    this term). Zero when the checkpoints outweigh the gradients."""
+    layers = max(shape.layers, 1)
+    checkpoints = coeffs.get("L_tok_h", 0.0) * feats["L_tok_h"]
+    grads = feats["grads"]
+    return max(0, int((layers - 1) / layers * (grads - checkpoints) - coeffs.get("grads", 0.0) * grads))
+
+
 def _fitted_with_family(coeffs: dict, feats: dict, fam: dict[str, int], shape: ModelShape, q: Query) -> int:
     return _fitted_phase(coeffs, feats, fam, shape, q)[0]
 
@@ -352,8 +373,10 @@ def _fitted_phase(coeffs: dict, feats: dict, fam: dict[str, int], shape: ModelSh
     loss phase and the recomputed layer's phase peak apart (the "max" entry), so the logits extra
     joins the first and the layer's extra the second; without it everything is saved at once.
     A 4-bit base's recomputed layer is the largest of its points read from the code
-    (recompute.layer_points: the MLP's backward at short sequences, the attention's at long ones),
-    never below the fitted phase plus the dequantized weight (what the fit's rows measured).
+    (recompute.layer_points: the MLP's backward at short sequences, the attention's at long ones)
+    beside the step's held fp32 logits, never below the fitted phase plus the dequantized weight
+    (what the fit's rows measured), and higher by late_backward_bytes where the LoRA gradients
+    outweigh the checkpoints.
     Returns the transient and the index of the phase that peaks (0: the loss's, 1: the recomputed
     layer's; None without phases or without checkpointing)."""
     base = linear_sum(coeffs, feats)
@@ -362,7 +385,8 @@ def _fitted_phase(coeffs: dict, feats: dict, fam: dict[str, int], shape: ModelSh
         extra = [fam["logits"], fam["layer_transient"]]
         if precision_group(q.precision) == "4bit" and len(phases) > 1:
             fitted = phases[1] + extra[1] + dequant_backward_bytes(shape, q.precision)
-            phases[1] = max(fitted, layer_peak(shape, q, train_act_bytes(q.precision))[0] + extra[1])
+            read = layer_peak(shape, q, train_act_bytes(q.precision))[0] + extra[1] + held_logits_bytes(shape, q)
+            phases[1] = max(fitted, read) + late_backward_bytes(coeffs, feats, shape)
             extra[1] = 0
         phases = [v + (extra[i] if i < 2 else 0) for i, v in enumerate(phases)] or [max(extra)]
         winner = max(range(len(phases)), key=phases.__getitem__) if len(phases) > 1 else None

@@ -32,7 +32,6 @@ sequence peaks in the attention (scores grow as seq^2), a short one in the MLP.
 
 from __future__ import annotations
 
-from .calibration import CALIBRATION
 from .families import sdpa_masked_layers
 from .lora import resolve_lora_targets
 from .weights import block_rounded
@@ -40,10 +39,11 @@ from .weights import block_rounded
 LORA_SAVED_PER_INPUT = 5  # fp32 dropout output + its bool mask, per input element
 COMPUTE_BYTES = 2  # bnb_4bit_compute_dtype bf16: the dequantized weight and the cast gradients
 # fp32 score blocks alive at the attention's backward peak: the code read gives 3 (probabilities,
-# their gradient, the scores' gradient; 3.25 in the recompute's _safe_softmax), but the fitted
-# families' long-sequence rows (tinyllama 4096 x 2: 4.3 GB a block) hold 4.25: the one fitted term
-# kept, the fit's own coefficient (calibration "train/4bit/gc"), not tuned on any held-out family
-SCORE_BLOCKS = CALIBRATION["train/4bit/gc"]["max"][1]["scores"]
+# their gradient, the scores' gradient) and the allocator-history snapshot of a 2560 x 1 step holds a
+# fourth, made in the backward beside them (docs/vram.md). The fit of the first families' rows had
+# 4.25: its quarter block was the step's fp32 logits, alive through the backward, which the estimate
+# now counts on their own (estimate.held_logits_bytes).
+SCORE_BLOCKS = 4
 ATTN_INPUT_KINDS = ("q_proj", "k_proj", "v_proj", "qkv_proj")
 MLP_INPUT_KINDS = ("gate_proj", "up_proj", "gate_up_proj")
 
