@@ -76,6 +76,22 @@ def test_the_largest_blocks_live_at_the_peak_name_their_code():
     assert blocks[2]["category"] == "backward" and blocks[2]["where"] == ""
 
 
+def test_the_peak_groups_hold_everything_but_the_weights_by_size_and_stack():
+    grad = fr(("torch/autograd/graph.py", 1, "_engine_run_backward"))
+    events = [alloc(1, 1000, LOAD), alloc(2, 1000, LOAD),
+              alloc(3, 64, grad), alloc(4, 64, grad), alloc(5, 64, grad),  # three LoRA gradients of one size
+              alloc(6, 100, ATTN), alloc(7, 100, ATTN), free(7, 100),
+              alloc(8, 400, LM_HEAD), alloc(9, 500, [])]
+    groups = summarise({"device_traces": [events]}, CAUSAL, window="optimizer_steps")["peak_groups"]
+    assert all(g["category"] != "weights" for g in groups)  # the model is peak_by_category's, not a group
+    by = {(g["category"], g["size"]): g for g in groups}
+    assert by[("backward", 64)]["count"] == 3 and by[("backward", 64)]["first_event"] == 2
+    assert by[("activations", 100)]["count"] == 1  # the freed one is not live at the peak
+    assert by[("activations", 100)]["stack"].startswith("softmax < eager_attention_forward")
+    assert [g["size"] * g["count"] for g in groups] == [500, 400, 192, 100]  # largest share first
+    assert sum(g["size"] * g["count"] for g in groups) == 1192
+
+
 def test_a_trace_that_lost_its_beginning_says_so():
     events = [free(99, 512), alloc(1, 512, ATTN)]
     s = summarise({"device_traces": [events]}, CAUSAL)

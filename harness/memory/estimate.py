@@ -303,7 +303,7 @@ def _estimate_train(shape: ModelShape, q: Query, calibration: dict | None = None
         # what is left of logits/loss there is the fp32 logits the step's outputs still hold (the
         # loop keeps `out` through backward, matrix.optimizer_steps; the lm_head is fp32 after
         # prepare_model_for_kbit_training) and the loss. Only the split changes, not the peak.
-        loss = min(loss, block_rounded(q.batch * q.seq_len * shape.vocab * 4))
+        loss = min(loss, held_logits_bytes(shape, q))
     grads_live = int(feats["grads"] * coeffs.get("grads", 0.0))
     step = ad["lora_grads"] + ad["optimizer_step_transient"]  # after backward: all grads + temp
     breakdown = {"weights": weights, "weights_by_kind": wb,
