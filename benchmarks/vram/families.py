@@ -42,7 +42,8 @@ boundary cases of each verdict, nothing changed (again_jobs); "under2", the elev
 (measured-families-11/): the ninth run's steps and the expandable verdict's one false fit, recorded
 again with every allocation live at the peak grouped by the stack that made it (snapshot.peak_groups);
 "again2", the twelfth (measured-families-12/): 36 fresh boundary cases of each verdict after the
-recomputed layer's peak gained what those snapshots showed (again_jobs). `--list` prints the jobs with each case's prediction and verdict.
+recomputed layer's peak gained what those snapshots showed (again_jobs); "again3", the thirteenth
+(measured-families-13/): 36 more of each, nothing changed (again_jobs). `--list` prints the jobs with each case's prediction and verdict.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")
         "under": ("mistral-7b-v0.3", "phi-4-mini"),
         "under2": ("mistral-7b-v0.3", "phi-4-mini"),
         "again": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
-        "again2": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
+        "again2": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
+        "again3": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -381,7 +383,7 @@ def reserve_jobs(job_set: str = "reserve") -> list[dict]:
 
 # (seed of the default verdict's cases, of the expandable verdict's, runs committed before the set
 # was drawn) of the sets that test both verdicts
-AGAIN_SETS = {"again": (2733, 2734, 9), "again2": (2735, 2736, 11)}
+AGAIN_SETS = {"again": (2733, 2734, 9), "again2": (2735, 2736, 11), "again3": (2737, 2738, 12)}
 
 
 def again_jobs(job_set: str = "again") -> list[dict]:
@@ -389,7 +391,8 @@ def again_jobs(job_set: str = "again") -> list[dict]:
     since the seventh and eighth runs tested them: plan --train's (default allocator), then the
     verdict with expandable segments (run with them); none at a committed setting or each other's.
     The twelfth (again2): the same after the recomputed layer's peak gained the held logits and the
-    late backward (estimate.held_logits_bytes, late_backward_bytes)."""
+    late backward (estimate.held_logits_bytes, late_backward_bytes); the thirteenth (again3): 36 more
+    of each, nothing changed since."""
     default_seed, expandable_seed, runs = AGAIN_SETS[job_set]
     families = SETS[job_set]
     seen = committed_settings(runs, truth=True)
