@@ -143,7 +143,7 @@ def need_text(what: str, need: int, budget_bytes: int, context_bytes: int, headr
 
 
 # How near the line a training verdict is a coin flip: under the emulated 6 GiB card (the families
-# runs and the two truth runs, 330 boundary cases) 25 of the training reserve's 31 misses lay within
+# runs and the two truth runs, 366 boundary cases) 29 of the training reserve's 35 misses lay within
 # 3.6% of the line; the others 3.8-6.4% and 14.5% over it (all refusals that fitted; the last is
 # llama-3.2-1b all-linear r64 768 x 2, whose peak the estimate puts 4% high); docs/vram.md, "Where a
 # training step's reserve goes".

@@ -41,9 +41,11 @@ FAMILIES_DIR_10 = FAMILIES_DIR.parent / "measured-families-10"
 FAMILIES_DIR_11 = FAMILIES_DIR.parent / "measured-families-11"
 # the twelfth (--set again2): 36 fresh boundary cases of each verdict after the eleventh's peak terms
 FAMILIES_DIR_12 = FAMILIES_DIR.parent / "measured-families-12"
+# the thirteenth (--set again3): 36 more of each verdict, nothing changed since the twelfth
+FAMILIES_DIR_13 = FAMILIES_DIR.parent / "measured-families-13"
 FAMILIES_DIRS = (FAMILIES_DIR, FAMILIES_DIR_2, FAMILIES_DIR_3, FAMILIES_DIR_4, FAMILIES_DIR_5, FAMILIES_DIR_6,
                  FAMILIES_DIR_7, FAMILIES_DIR_8, FAMILIES_DIR_9, FAMILIES_DIR_10, FAMILIES_DIR_11,
-                 FAMILIES_DIR_12)
+                 FAMILIES_DIR_12, FAMILIES_DIR_13)
 # never used to fit a coefficient (benchmarks/vram/families.py FIT_EXCLUDED); phi-4-mini's training
 # error without checkpointing led to one structural correction read from torch's SDPA code (the fused
 # qkv is not kept alive when K/V are repeated, estimate.saved_activations), so that figure is not blind
