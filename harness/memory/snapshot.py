@@ -154,16 +154,21 @@ def _where(frames: list[dict]) -> str:
     return ""
 
 
-def peak_blocks(events: list[dict], peak_at: int, ranges: Iterable[LineRange] = (), n: int = PEAK_BLOCKS) -> list[dict]:
-    """The `n` largest allocations live at event `peak_at` (replayed again up to it): size,
-    category and the code that made each - what a model of the peak must account for."""
+def _live_at(events: list[dict], at: int) -> list[int]:
+    """The indices of the allocation events still live at event `at` (the trace replayed up to it)."""
     live: dict[int, int] = {}
-    for i, e in enumerate(events[:peak_at + 1]):
+    for i, e in enumerate(events[:at + 1]):
         if e.get("action") == "alloc":
             live[e.get("addr")] = i
         elif e.get("action") in FREE_ACTIONS:
             live.pop(e.get("addr"), None)
-    largest = sorted(live.values(), key=lambda i: -int(events[i].get("size", 0)))[:n]
+    return list(live.values())
+
+
+def peak_blocks(events: list[dict], peak_at: int, ranges: Iterable[LineRange] = (), n: int = PEAK_BLOCKS) -> list[dict]:
+    """The `n` largest allocations live at event `peak_at` (replayed again up to it): size,
+    category and the code that made each - what a model of the peak must account for."""
+    largest = sorted(_live_at(events, peak_at), key=lambda i: -int(events[i].get("size", 0)))[:n]
     return [{"size": int(events[i].get("size", 0)), "category": category(events[i].get("frames") or [], ranges),
              "where": _where(events[i].get("frames") or []), "event": i} for i in largest]
 
@@ -180,14 +185,8 @@ def peak_groups(events: list[dict], peak_at: int, ranges: Iterable[LineRange] = 
     """Every allocation live at event `peak_at` but the weights', grouped by category, size and the
     stack that made it (count and bytes): the whole of what the peak holds beyond the model, where
     peak_blocks names only the largest blocks."""
-    live: dict[int, int] = {}
-    for i, e in enumerate(events[:peak_at + 1]):
-        if e.get("action") == "alloc":
-            live[e.get("addr")] = i
-        elif e.get("action") in FREE_ACTIONS:
-            live.pop(e.get("addr"), None)
     groups: dict[tuple, dict] = {}
-    for i in live.values():
+    for i in _live_at(events, peak_at):
         frames = events[i].get("frames") or []
         cat = category(frames, ranges)
         if cat == "weights":
