@@ -290,3 +290,27 @@ def test_a_refusal_that_expandable_segments_would_let_run_says_so(capsys):
     o = run_json(capsys, "estimate", "--config", "phi-4-mini", "--precision", "nf4-dq", "--mode", "prefill",
                  "--seq-len", "1024", "--budget", "6GiB")[0]
     assert "fits_expandable_segments" not in o and "expandable" not in o["verdict"]
+
+
+def test_plan_train_gives_the_limits_with_expandable_segments_too(capsys):
+    """The longest context and largest batch with expandable segments are where that verdict
+    (budget.fits_expandable) turns: the step at the limit fits, one token or one sequence more does
+    not; never shorter than the default allocator's; absent outside training."""
+    from harness.memory.shape import model_shape
+
+    out = run_json(capsys, "plan", "--config", "qwen3-1.7b", "--train", "--precision", "nf4-dq,bf16",
+                   "--budget", "6GiB", "--batch-seq-len", "256")
+    shape = model_shape("qwen3-1.7b")
+    for p in out["plans"]:
+        seq, batch = p["max_seq_len_expandable"], p["max_batch_expandable"]
+        assert seq >= p["max_seq_len"] and batch >= p["max_batch"], p
+        step = lambda s, b: E.estimate(shape, E.Query(  # noqa: E731
+            p["precision"], "train", seq_len=s, batch=b, lora_r=out["lora_r"], lora_targets=tuple(out["lora_targets"]),
+            optimizer=out["optimizer"], grad_checkpointing=out["grad_checkpointing"]))
+        ok = lambda s, b: B.fits_expandable(step(s, b), out["budget_bytes"], out["context_bytes"])  # noqa: E731
+        assert ok(seq, 1) and not ok(seq + 1, 1), (p["precision"], seq)
+        assert ok(256, batch) and not ok(256, batch + 1), (p["precision"], batch)
+    served = run_json(capsys, "plan", "--config", "qwen3-1.7b", "--precision", "nf4-dq", "--budget", "6GiB")
+    assert all(p["max_seq_len_expandable"] is None for p in served["plans"])
+    main(["plan", "--config", "qwen3-1.7b", "--train", "--precision", "nf4-dq", "--budget", "6GiB"])
+    assert re.search(r"with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True .*: nf4-dq \d+ tokens", capsys.readouterr().out)

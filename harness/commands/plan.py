@@ -148,6 +148,15 @@ def _print_plans(plans, batch_seq_len: int) -> None:
               f"{p.max_seq_len if p.max_seq_len else '-':>11} {p.max_batch if p.max_batch else '-':>15}  {p.reason}")
     for name in dict.fromkeys(p.precision for p in plans if p.precision in E.ENGINES):
         print(f"{name}: {E.ENGINES[name]}")
+    more = [p for p in plans if p.max_seq_len_expandable and (p.max_seq_len_expandable, p.max_batch_expandable)
+            != (p.max_seq_len, p.max_batch)]
+    if more:
+        from ..memory.budget import EXPANDABLE_SEGMENTS, EXPANDABLE_TRAIN_RESERVE
+
+        limits = ", ".join(f"{p.precision} {p.max_seq_len_expandable} tokens, batch "
+                           f"{p.max_batch_expandable or '-'}@{batch_seq_len}" for p in more)
+        print(f"with {EXPANDABLE_SEGMENTS} (the allocator gives its holes back; the peak + "
+              f"{EXPANDABLE_TRAIN_RESERVE:.0%}): {limits}")
 
 
 def _moe_note(shape) -> str | None:

@@ -12,6 +12,7 @@ past the model's own context limit (max_position_embeddings, rope scaling honour
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -230,6 +231,10 @@ class PrecisionPlan:
     limited_by: str | None = None  # "model" (its context limit), "memory", or None (does not fit)
     context_limit: int | None = None  # the model's own limit, when the config states one
     headroom: float | None = None
+    # training: the same two limits with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the peak +
+    # EXPANDABLE_TRAIN_RESERVE, budget.fits_expandable), None where not even that fits or not training
+    max_seq_len_expandable: int | None = None
+    max_batch_expandable: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -282,6 +287,8 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
                 q = Query(p, "generate", seq_len=prompt, batch=batch, new_tokens=seq - prompt)
             return estimate(shape, q)
 
+        est = functools.lru_cache(maxsize=None)(est)  # the searches below ask again for the same steps
+
         def peak(seq: int, batch: int) -> int:  # the planned bytes: peak + fragmentation allowance
             return est(seq, batch).planned_bytes
 
@@ -295,6 +302,11 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
         best_seq = _largest(ok_seq, lo_seq, limit)
         best_batch = _largest(ok_batch, 1, max_batch)
         common = dict(context_limit=max_seq_len, headroom=headroom)
+        if train:
+            with_expandable = lambda s, b: fits(est(s, b).peak_bytes, budget_bytes, context_bytes,  # noqa: E731
+                                                EXPANDABLE_TRAIN_RESERVE)
+            common.update(max_seq_len_expandable=_largest(lambda s: with_expandable(s, 1), lo_seq, limit),
+                          max_batch_expandable=_largest(lambda b: with_expandable(ref, b), 1, max_batch))
         if best_seq is None:
             if not fits(w, budget_bytes, context_bytes, headroom):
                 reason = need("weights alone", w)
