@@ -17,12 +17,23 @@ pytest_plugins = ["harness.plugin"]
 ALONE = "alone at the end"
 ALONE_PATHS = (  # beginnings of test ids: a folder, a file, or one test of a file
     "suites/serving/", "suites/timings/",
-    "tests/test_serving_cli.py", "tests/test_serving_client.py",
+    "tests/test_serving_client.py", "tests/test_serving_gate_lag.py", "tests/test_serving_workers.py",
+    # the bench and launcher tests that hold a deadline, an SLO or a sleep, or race a signal; the file's
+    # others (usage errors, URL forms, failures and prompt lengths as written) time nothing
+    "tests/test_serving_cli.py::test_bench_writes_schema_1_results",
+    "tests/test_serving_cli.py::test_bench_stalled_server_ends_within_the_timeout",
+    "tests/test_serving_cli.py::test_bench_unreachable_and_wrong_model_are_one_line_verdicts",
+    "tests/test_serving_cli.py::test_crash_at_start_names_the_cause",
+    "tests/test_serving_cli.py::test_never_healthy_times_out_and_teardown_kills_the_whole_group",
+    "tests/test_serving_cli.py::test_a_failing_test_body_still_stops_the_server",
+    "tests/test_serving_cli.py::test_bench_poisson_rate_mode",
+    "tests/test_serving_cli.py::test_ctrl_c_leaves_the_finished_requests_on_disk",
+    "tests/test_serving_cli.py::test_a_harness_killed_outright_takes_its_server_with_it",
     # the whole serving suite (its gate included) against an outside server; the file's other tests
     # (a pytester run against a closed port, URL parsing) time nothing and run beside the rest
     "tests/test_serving_endpoint.py::test_an_outside_server_survives_the_whole_serving_suite",
-    "tests/test_serving_gate_lag.py",
-    "tests/test_serving_sweep.py", "tests/test_serving_workers.py",
+    # the throughput plateau; the rate parsing, goodput arithmetic and length distributions time nothing
+    "tests/test_serving_sweep.py::test_bench_sweep_finds_the_capped_plateau_and_the_page_draws_it",
 )
 
 
@@ -35,18 +46,18 @@ def work_unit(nodeid: str) -> str:
     return "/".join(parts[:2]) if parts[0] == "suites" and len(parts) > 2 else path
 
 
-# The units that take longest, in seconds (a run of scripts/test on the 2-core CI machine, fresh model
-# cache, 2026-12-02): the scheduler hands these out first, longest first, then the rest in xdist's
-# order (most tests first), so that no worker starts a half-minute unit while the other has finished
-# and ALONE waits on it (that run: one worker idle 29 s before ALONE; the fleet and vLLM-plan files
-# came last). A unit missing here only loses its place in the queue.
+# The units that take longest, in seconds (a run of scripts/test on the 2-core CI machine, 3 workers, fresh
+# model cache, 2026-12-03, setup included): the scheduler hands these out first, longest first, then the rest
+# in xdist's order (most tests first), so that no worker starts a long unit while the others have finished
+# and ALONE waits on it (that run: the last worker finished 14 s after the first). A unit missing here only
+# loses its place in the queue.
 LONGEST = {
-    "suites/quant": 132, "suites/modeldir": 92, "tests/test_gguf_dir.py": 56, "tests/test_serving_vocab.py": 55,
-    "tests/test_drift.py": 41, "tests/test_report_browser.py": 38, "tests/test_fleet_ray.py": 31,
-    "tests/test_fleet_node_run.py": 30, "tests/test_explain_launcher.py": 26, "suites/nan": 25,
-    "tests/test_vllm_plan_cpu.py": 24, "tests/test_hw_bnb.py": 22, "tests/test_pickle_differentials.py": 20,
-    "tests/test_foundation_plugin.py": 20, "tests/test_docs.py": 18, "tests/test_pickle_corpus.py": 17,
-    "tests/test_serving_endpoint.py": 22,
+    "suites/quant": 215, "suites/modeldir": 148, "tests/test_serving_vocab.py": 93, "tests/test_gguf_dir.py": 64,
+    "tests/test_fleet_ray.py": 54, "tests/test_vllm_plan_cpu.py": 47, "tests/test_drift.py": 43,
+    "tests/test_explain_launcher.py": 38, "tests/test_foundation_plugin.py": 37, "tests/test_report_browser.py": 32,
+    "tests/test_pickle_differentials.py": 31, "suites/nan": 30, "tests/test_fleet_node_run.py": 30,
+    "tests/test_docs.py": 26, "tests/test_hw_bnb.py": 23, "tests/test_serving_cli.py": 21,
+    "tests/test_fleet_xdist.py": 19, "tests/test_estimate_cli.py": 17, "tests/test_modeldir_paths.py": 17,
 }
 
 
