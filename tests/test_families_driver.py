@@ -100,7 +100,9 @@ def test_second_run_boundary_cases_straddle_the_6gib_verdict(driver, second):
     verdicts = [fits(estimate(model_shape(c.arch), c.query()).planned_bytes, c.budget_bytes,
                      driver.ASSUMED_CONTEXT, default_headroom("train")) for c in mine]
     assert len(mine) >= 10 and {c.arch for c in mine} == {"mistral-7b-v0.3"}
-    assert sum(verdicts) == len(mine) // 2
+    # half predicted to fit when the set was drawn (5 of 11); the estimate has moved since (4 of 11
+    # after the recomputed layer's held logits and late backward): both sides must still be there
+    assert 0 < sum(verdicts) < len(mine)
 
 
 def test_second_run_commands(driver, second, tmp_path):
