@@ -134,10 +134,10 @@ def summarise(snapshot: dict, ranges: Iterable[LineRange] = (), window: str | No
             peak_total, peak_at, peak_cats = total, i, dict(totals)
         if (i - start) % stride == 0:
             timeline.append({"event": i, "total": total, **{c: v for c, v in totals.items() if v}})
+    at_peak = _live_at(events, peak_at) if peak_at is not None else []
     return {"events": len(events), "allocations": allocs, "window_start": start, "peak_event": peak_at,
             "peak_bytes": max(peak_total, 0), "peak_by_category": {c: v for c, v in peak_cats.items() if v},
-            "peak_blocks": peak_blocks(events, peak_at, ranges) if peak_at is not None else [],
-            "peak_groups": peak_groups(events, peak_at, ranges) if peak_at is not None else [],
+            "peak_blocks": peak_blocks(events, at_peak, ranges), "peak_groups": peak_groups(events, at_peak, ranges),
             "unmatched_frees": unknown_frees, "timeline": timeline,
             "first_event_is_alloc": bool(events) and events[0].get("action") == "alloc"}
 
@@ -165,10 +165,10 @@ def _live_at(events: list[dict], at: int) -> list[int]:
     return list(live.values())
 
 
-def peak_blocks(events: list[dict], peak_at: int, ranges: Iterable[LineRange] = (), n: int = PEAK_BLOCKS) -> list[dict]:
-    """The `n` largest allocations live at event `peak_at` (replayed again up to it): size,
-    category and the code that made each - what a model of the peak must account for."""
-    largest = sorted(_live_at(events, peak_at), key=lambda i: -int(events[i].get("size", 0)))[:n]
+def peak_blocks(events: list[dict], live: list[int], ranges: Iterable[LineRange] = (), n: int = PEAK_BLOCKS) -> list[dict]:
+    """The `n` largest of the allocations `live` at the peak (_live_at): size, category and the
+    code that made each - what a model of the peak must account for."""
+    largest = sorted(live, key=lambda i: -int(events[i].get("size", 0)))[:n]
     return [{"size": int(events[i].get("size", 0)), "category": category(events[i].get("frames") or [], ranges),
              "where": _where(events[i].get("frames") or []), "event": i} for i in largest]
 
@@ -181,20 +181,18 @@ def _stack(frames: list[dict], depth: int = 8) -> str:
     return " < ".join(str(f.get("name")) for f in frames[:depth])
 
 
-def peak_groups(events: list[dict], peak_at: int, ranges: Iterable[LineRange] = (), n: int = PEAK_GROUPS) -> list[dict]:
-    """Every allocation live at event `peak_at` but the weights', grouped by category, size and the
-    stack that made it (count and bytes): the whole of what the peak holds beyond the model, where
-    peak_blocks names only the largest blocks."""
+def peak_groups(events: list[dict], live: list[int], ranges: Iterable[LineRange] = (), n: int = PEAK_GROUPS) -> list[dict]:
+    """Every allocation `live` at the peak (_live_at) but the weights', grouped by category, size and
+    the stack that made it (count and bytes): the whole of what the peak holds beyond the model,
+    where peak_blocks names only the largest blocks."""
     groups: dict[tuple, dict] = {}
-    for i in _live_at(events, peak_at):
+    for i in live:
         frames = events[i].get("frames") or []
         cat = category(frames, ranges)
         if cat == "weights":
             continue
-        size = int(events[i].get("size", 0))
-        g = groups.setdefault((cat, size, _where(frames), _stack(frames)),
-                              {"category": cat, "size": size, "where": _where(frames), "stack": _stack(frames),
-                               "count": 0, "first_event": i})
+        key = (cat, int(events[i].get("size", 0)), _where(frames), _stack(frames))
+        g = groups.setdefault(key, dict(zip(("category", "size", "where", "stack"), key), count=0, first_event=i))
         g["count"] += 1
         g["first_event"] = min(g["first_event"], i)
     return sorted(groups.values(), key=lambda g: -g["size"] * g["count"])[:n]
