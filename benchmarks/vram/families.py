@@ -69,18 +69,19 @@ from harness.memory.train_matrix import TrainCase  # noqa: E402
 
 FAMILIES = ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "phi-4-mini")
 FIT_EXCLUDED = ("qwen3-1.7b", "phi-4-mini", "mistral-7b-v0.3", "qwen3-30b-a3b")
+BOUNDARY_FAMILIES = ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)  # the six of the boundary sets
 SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b"),
         "fresh": ("mistral-7b-v0.3",) + FAMILIES,
-        "reserve": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
-        "reserve2": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
+        "reserve": BOUNDARY_FAMILIES,
+        "reserve2": BOUNDARY_FAMILIES,
         "diagnose5": ("phi-4-mini", "qwen3-1.7b", "gemma-3-1b"),
-        "reserve3": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
-        "expandable": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
+        "reserve3": BOUNDARY_FAMILIES,
+        "expandable": BOUNDARY_FAMILIES,
         "under": ("mistral-7b-v0.3", "phi-4-mini"),
         "under2": ("mistral-7b-v0.3", "phi-4-mini"),
-        "again": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
-        "again2": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",),
-        "again3": ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)}
+        "again": BOUNDARY_FAMILIES,
+        "again2": BOUNDARY_FAMILIES,
+        "again3": BOUNDARY_FAMILIES}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device

@@ -38,6 +38,7 @@ FAMILIES_DIR_8 = FAMILIES_DIR.parent / "measured-families-8"
 FAMILIES_DIR_9 = FAMILIES_DIR.parent / "measured-families-9"
 # the tenth (--set again): 36 more fresh boundary cases of each verdict, nothing changed
 FAMILIES_DIR_10 = FAMILIES_DIR.parent / "measured-families-10"
+# the eleventh (--set under2): the under-predicted steps again, every allocation live at the peak grouped
 FAMILIES_DIR_11 = FAMILIES_DIR.parent / "measured-families-11"
 # the twelfth (--set again2): 36 fresh boundary cases of each verdict after the eleventh's peak terms
 FAMILIES_DIR_12 = FAMILIES_DIR.parent / "measured-families-12"
