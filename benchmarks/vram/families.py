@@ -81,7 +81,9 @@ SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")
         "under2": ("mistral-7b-v0.3", "phi-4-mini"),
         "again": BOUNDARY_FAMILIES,
         "again2": BOUNDARY_FAMILIES,
-        "again3": BOUNDARY_FAMILIES}
+        "again3": BOUNDARY_FAMILIES,
+        "trace": ("phi-4-mini", "gemma-3-1b"),
+        "trace2": ("mistral-7b-v0.3",)}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -459,6 +461,29 @@ def under_jobs(snapshots: tuple = UNDER_SNAPSHOTS) -> list[dict]:
                                suffix=f"-{opt}") for arch, targets, r, batch, seq, opt in snapshots]
 
 
+# Two committed refusals that ran out of memory where a replay of the caching allocator on the step's
+# traced allocations (harness.memory.allocator_sim) said they fit: (arch, targets, r, batch, seq, optimizer)
+TRACE_CASES = (("phi-4-mini", "all", 32, 1, 128, "adamw_torch"), ("gemma-3-1b", "all", 64, 2, 320, "adamw_torch"))
+
+
+# Mistral-7B's, where the replay disagreed with what ran both ways: one refusal that ran out and
+# the replay let fit, one that fitted and the replay refused
+TRACE2_CASES = (("mistral-7b-v0.3", "attn", 8, 2, 320, "adamw_torch"), ("mistral-7b-v0.3", "all", 8, 1, 256, "adamw_torch"))
+
+
+def trace_jobs(cases: tuple = TRACE_CASES, capped_too: bool = True) -> list[dict]:
+    """The fourteenth run (--set trace): each case capped at 6 GiB as it ran, and uncapped, with the
+    allocator's whole history written beside its row (snapshot_case --trace-out); the fifteenth
+    (trace2): Mistral-7B's cases uncapped only."""
+    jobs = []
+    for arch, targets, r, batch, seq, opt in cases:
+        capped = TrainCase(arch, "nf4-dq", targets, r, True, batch, seq, opt, budget_bytes=BUDGET, role="trace")
+        both = ((capped, "-capped"),) if capped_too else ()
+        for case, suffix in both + ((replace(capped, budget_bytes=None), "-uncapped"),):
+            jobs.append(dict(snapshot_train_job(case, suffix=f"-{opt}{suffix}"), trace=True))
+    return jobs
+
+
 def case_verdict(case: TrainCase) -> str:
     """The estimate and plan --train's verdict of a case, one line (for --list)."""
     from harness.memory.budget import default_headroom, fits, fits_expandable
@@ -499,6 +524,10 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
         return under_jobs()
     if job_set == "under2":
         return under_jobs(UNDER2_SNAPSHOTS)
+    if job_set == "trace":
+        return trace_jobs()
+    if job_set == "trace2":
+        return trace_jobs(TRACE2_CASES, capped_too=False)
     if job_set in AGAIN_SETS:
         return again_jobs(job_set)
     rng = random.Random(27)
@@ -518,8 +547,9 @@ def command(job: dict, model_dir: Path, out: Path, device: str) -> list[str]:
                 "--model-dir", str(model_dir), "--out", str(out), "--device", device]
     if job["kind"].startswith("snapshot"):
         flag = "--train" if job["kind"] == "snapshot-train" else "--generate"
+        trace = ["--trace-out", str(out.with_suffix(".trace.json.gz"))] if job.get("trace") else []
         return [sys.executable, "-m", "harness.memory.snapshot_case", flag, json.dumps(job["case"]),
-                "--model-dir", str(model_dir), "--out", str(out), "--device", device]
+                "--model-dir", str(model_dir), "--out", str(out), "--device", device, *trace]
     if job["kind"] == "offload":
         spec = job["arch"] if job["arch"] in BUILT_ON_DEVICE else str(model_dir)
         return [sys.executable, "-m", "harness.memory.moe_case", "--offload", spec, "--budget-bytes",

@@ -3,6 +3,7 @@ training case (harness.memory.train_matrix's protocol, unchanged) or one generat
 summary of where its memory went (harness.memory.snapshot).
 
     python -m harness.memory.snapshot_case --train '{TrainCase}' --model-dir DIR --out ROW.json
+    python -m harness.memory.snapshot_case --train '{TrainCase}' ... --trace-out TRACE.json.gz
     python -m harness.memory.snapshot_case --generate '{"arch": .., "precision": .., "batch": 1,
         "seq_len": 1024, "new_tokens": 32}' --model-dir DIR --out ROW.json
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import gzip
 import json
 import os
 import sys
@@ -30,14 +32,38 @@ def _model_type(model_dir: str | Path) -> str:
     return str(json.loads((Path(model_dir) / "config.json").read_text()).get("model_type", ""))
 
 
-def train_with_snapshot(case_json: dict, model_dir: str, device: str) -> dict:
+def train_with_snapshot(case_json: dict, model_dir: str, device: str, trace_out: Path | None = None) -> dict:
     from .train_matrix import TrainCase, run_case
 
     case = TrainCase(**case_json)
     with SnapshotRecorder(device) as rec:
         row = run_case(case, model_dir, device)
     row["snapshot"] = _summary(rec, model_dir, "optimizer_steps")
+    if trace_out is not None and rec.snapshot is not None:
+        events = allocation_trace(rec.snapshot)
+        atomic.write_bytes(trace_out, gzip.compress(json.dumps(events).encode()))
+        row["trace_events"] = len(events)
     return row
+
+
+TRACE_ACTIONS = {"alloc": "alloc", "free_completed": "free", "segment_alloc": "segment_alloc",
+                 "segment_free": "segment_free"}
+
+
+def allocation_trace(snapshot: dict, device: int = 0) -> list[list]:
+    """The device's allocator history as [action, address, size, where] rows (where: the innermost
+    Python frame outside torch's own files), to replay (harness.memory.allocator_sim) or to set
+    beside a traced step (harness.memory.step_trace)."""
+    out = []
+    for e in snapshot["device_traces"][device]:
+        action = TRACE_ACTIONS.get(e["action"])
+        if action is None:
+            continue
+        frames = e.get("frames") or []
+        where = next((f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']}:{f['name']}" for f in frames
+                      if "/torch/" not in f["filename"]), frames[0]["filename"] if frames else "")
+        out.append([action, e["addr"], e["size"], where])
+    return out
 
 
 def generate_case(spec: dict, model_dir: str, device: str) -> dict:
@@ -104,11 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--trace-out", type=Path, help="--train: also write the allocator's history here (gzipped JSON)")
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         if args.train:
-            row = train_with_snapshot(json.loads(args.train), args.model_dir, args.device)
+            row = train_with_snapshot(json.loads(args.train), args.model_dir, args.device, args.trace_out)
         else:
             row = generate_with_snapshot(json.loads(args.generate), args.model_dir, args.device)
     except Exception as exc:  # noqa: BLE001 - the row says what failed; the driver goes on
