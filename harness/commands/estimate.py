@@ -18,6 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", default="prefill", help="comma list of: weights, prefill, generate, train")
     parser.add_argument("--seq-len", default="2048", help="prompt / training sequence length(s), comma list")
     parser.add_argument("--batch", default="1", help="batch size(s), comma list")
+    parser.add_argument("--replay", action="store_true",
+                        help="with --budget and --mode train: trace each step on the meta device and replay torch's "
+                             "caching allocator on it under the card's cap (the holes a reserve can only guess; "
+                             "about 10 s a setting, needs transformers, peft and, for 4-bit, bitsandbytes)")
     parser.add_argument("--explain", action="store_true",
                         help="draw where the memory goes for each estimate (weights, quantization state, LoRA, "
                              "gradients, optimizer, activations, logits/loss, KV cache, reserve, context)")
@@ -39,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     batches = int_list(args.batch, "--batch")
     opts = read_shared_options(args)
     budget, context, targets = opts.budget_bytes, opts.context_bytes, opts.lora_targets
+    if args.replay and (budget is None or "train" not in modes):
+        from ..errors import UsageError
+
+        raise UsageError("--replay replays a training step on a card: give --budget and --mode train")
     note = E.check_lora_targets(shape, targets) if "train" in modes else None
     results = []
     for p in precisions:
@@ -63,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
                             est.planned_bytes, budget, context, headroom, m) + B.expandable_note(est, budget, context)
                         if m == "train":
                             obj["fits_expandable_segments"] = B.fits_expandable(est, budget, context)
+                            if args.replay:
+                                obj["replay"] = _replay(args.config, shape, q, budget, context)
                     if args.explain:
                         obj["picture"] = [part.as_dict() for part in P.parts(est, shape, context)]
                         obj["picture_text"] = P.describe(est, shape, context, _config_name(args.config))
@@ -97,10 +107,45 @@ def run(args: argparse.Namespace) -> int:
     for line in dict.fromkeys(_verification_line(r) for r in results if not (r.get("verification") or {}).get("verified", True)):
         print(line)
     for r in results:
+        if "replay" in r:
+            print(f"{r['precision']} train {r['seq_len']} x {r['batch']}: {replay_line(r['replay'])}")
+    for r in results:
         if r.get("picture_text"):
             print()
             print("\n".join(r["picture_text"]))
     return 0
+
+
+def _replay(spec, shape, q, budget: int, context: int) -> dict:
+    """The step traced and torch's allocator replayed on it under budget - context, or why not."""
+    import sys
+
+    from ..errors import UnsupportedError
+    from ..memory.families import at_transformers, installed_transformers
+    from ..memory.shape import load_config
+    from ..memory.step_trace import replay_verdict, trace_training_step
+
+    attention = getattr(at_transformers(shape, installed_transformers()).traits, "attention", None) or "sdpa"
+    say = lambda msg: print(f"replay {q.precision} {q.seq_len} x {q.batch}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        trace = trace_training_step(load_config(spec)[0], q, attention, progress=say)
+    except UnsupportedError as exc:
+        return {"error": str(exc)}
+    except ImportError as exc:
+        return {"error": f"the replay needs transformers and peft: {exc}"}
+    say("replaying the caching allocator")
+    return replay_verdict(trace, budget, context).as_dict()
+
+
+def replay_line(replay: dict) -> str:
+    from ..units import format_bytes
+
+    if "error" in replay:
+        return f"not replayed: {replay['error']}"
+    margin = f" and {replay['margin']:.1%} over it" if replay["margin"] else ""
+    return (f"replayed on torch's caching allocator: {'fits' if replay['fits'] else 'does not fit'} "
+            f"(the traced steps run under a cap of {format_bytes(replay['need_bytes'])}{margin}; "
+            f"the card leaves {format_bytes(replay['cap_bytes'])})")
 
 
 def _limit_note(config, seqs: list[int], modes: list[str], new_tokens: int) -> str | None:
