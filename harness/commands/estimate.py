@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replay", action="store_true",
                         help="with --budget and --mode train: trace each step on the meta device and replay torch's "
                              "caching allocator on it under the card's cap (the holes a reserve can only guess; "
-                             "about 10 s a setting, needs transformers, peft and, for 4-bit, bitsandbytes)")
+                             "nf4-dq / fp4-dq QLoRA; about 10 s a setting; needs transformers, peft and bitsandbytes)")
     parser.add_argument("--explain", action="store_true",
                         help="draw where the memory goes for each estimate (weights, quantization state, LoRA, "
                              "gradients, optimizer, activations, logits/loss, KV cache, reserve, context)")
@@ -30,7 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from ..memory import budget as B
     from ..memory import estimate as E
     from ..memory import picture as P
     from ..units import comma_list, format_bytes, format_size, int_list
@@ -62,17 +61,9 @@ def run(args: argparse.Namespace) -> int:
                     obj["context_bytes"] = context
                     obj["card_bytes"] = obj["peak_bytes"] + obj["reserve_bytes"] + context
                     if budget is not None:
-                        headroom = B.default_headroom(m)
-                        obj["budget_bytes"] = budget
-                        obj["fits"] = B.fits(est.planned_bytes, budget, context, headroom)
-                        obj["verdict"] = ("fits: " if obj["fits"] else "does not fit: ") + B.need_text(
-                            "it", est.planned_bytes, budget, context, headroom, B.fragmentation_note(est)).replace(
-                            "it need ", "it needs " if est.fragmentation_bytes else "the peak is ", 1) + B.tight_note(
-                            est.planned_bytes, budget, context, headroom, m) + B.expandable_note(est, budget, context)
-                        if m == "train":
-                            obj["fits_expandable_segments"] = B.fits_expandable(est, budget, context)
-                            if args.replay:
-                                obj["replay"] = _replay(args.config, shape, q, budget, context)
+                        obj.update(_verdicts(est, m, budget, context))
+                        if m == "train" and args.replay:
+                            obj["replay"] = _replay(args.config, shape, q, budget, context)
                     if args.explain:
                         obj["picture"] = [part.as_dict() for part in P.parts(est, shape, context)]
                         obj["picture_text"] = P.describe(est, shape, context, _config_name(args.config))
@@ -114,6 +105,23 @@ def run(args: argparse.Namespace) -> int:
             print()
             print("\n".join(r["picture_text"]))
     return 0
+
+
+def _verdicts(est, mode: str, budget: int, context: int) -> dict:
+    """Does the estimate fit the card (with the mode's reserve), said in words, and for training
+    whether it would with expandable segments."""
+    from ..memory import budget as B
+
+    headroom = B.default_headroom(mode)
+    fits = B.fits(est.planned_bytes, budget, context, headroom)
+    out = {"budget_bytes": budget, "fits": fits,
+           "verdict": ("fits: " if fits else "does not fit: ") + B.need_text(
+               "it", est.planned_bytes, budget, context, headroom, B.fragmentation_note(est)).replace(
+               "it need ", "it needs " if est.fragmentation_bytes else "the peak is ", 1) + B.tight_note(
+               est.planned_bytes, budget, context, headroom, mode) + B.expandable_note(est, budget, context)}
+    if mode == "train":
+        out["fits_expandable_segments"] = B.fits_expandable(est, budget, context)
+    return out
 
 
 def _replay(spec, shape, q, budget: int, context: int) -> dict:

@@ -1,4 +1,4 @@
-"""A LoRA/QLoRA training step's allocations, in order, without a GPU: the model built on the meta
+"""A QLoRA training step's allocations, in order, without a GPU: the model built on the meta
 device and run through the protocol of harness.memory.train_matrix (load, prepare, peft, the
 optimizer's steps) under a dispatch mode that records every storage made and freed. Replayed on
 torch's caching allocator (harness.memory.allocator_sim) it says whether the step fits a capped card
@@ -37,7 +37,8 @@ WORKSPACE_BYTES = (32 * MiB, 32 * MiB)
 # The context probe (harness.memory.measure.cuda_context_bytes) leaves one small-pool segment cached
 # before the model loads; the warmup counts it as memory already there.
 PROBE_SEGMENT_BYTES = 2 * MiB
-TRACED_PRECISIONS = ("nf4-dq", "fp4-dq", "bf16", "fp16")
+# checked against H200 histories: nf4-dq (fp4-dq allocates alike); a bf16 base is not traced yet
+TRACED_PRECISIONS = ("nf4-dq", "fp4-dq")
 LORA_DROPOUT = 0.05
 
 
@@ -238,14 +239,12 @@ def _meta_model(config: dict, attention: str, dtype):
     return model
 
 
-def _load(model, rec: _Recorder, quant_type: str | None, context_probe: bool) -> None:
+def _load(model, rec: _Recorder, quant_type: str, context_probe: bool) -> None:
     """from_pretrained's allocations: the warmup, then each tensor of the checkpoint in key order."""
     import torch
 
-    quantized = set()
-    if quant_type:
-        quantized = {f"{n}.weight" for n, m in model.named_modules()
-                     if isinstance(m, torch.nn.Linear) and n.rpartition(".")[2] != "lm_head"}
+    quantized = {f"{n}.weight" for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and n.rpartition(".")[2] != "lm_head"}
     warm = sum(int(p.numel() * (0.5 if n in quantized else p.element_size())) for n, p in model.named_parameters())
     if context_probe:
         rec.free(rec.synthetic(4))
@@ -261,8 +260,7 @@ def _load(model, rec: _Recorder, quant_type: str | None, context_probe: bool) ->
             rec.adopt(getattr(module, attr))
     for buffer in model.buffers():
         rec.adopt(buffer)
-    if quant_type:
-        model.is_loaded_in_4bit = model.is_quantized = True
+    model.is_loaded_in_4bit = model.is_quantized = True
 
 
 def _quantize(model, name: str, rec: _Recorder, quant_type: str) -> None:
@@ -322,17 +320,15 @@ def trace_training_step(config: dict, query, attention: str = "sdpa", steps: int
     if query.precision not in TRACED_PRECISIONS:
         raise UnsupportedError(f"the allocator replay traces {', '.join(TRACED_PRECISIONS)}, not {query.precision}")
     optimizer = optimizer_name(query.optimizer)
-    quant_type = query.precision.partition("-")[0] if query.precision.endswith("-dq") else None
-    if quant_type:
-        try:
-            import bitsandbytes  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 - any import failure means no 4-bit trace
-            raise UnsupportedError(f"tracing {query.precision} needs bitsandbytes: {exc}") from None
+    quant_type = query.precision.partition("-")[0]
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means no 4-bit trace
+        raise UnsupportedError(f"tracing {query.precision} needs bitsandbytes: {exc}") from None
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     say = progress or (lambda _msg: None)
-    dtype = torch.float16 if query.precision == "fp16" else torch.bfloat16
-    model = _meta_model(config, attention, dtype)
+    model = _meta_model(config, attention, torch.bfloat16)
     rec = _Recorder()
     targets = tuple(query.lora_targets)
     with _dispatch_mode(rec), _cuda_kernels():
@@ -340,12 +336,8 @@ def trace_training_step(config: dict, query, attention: str = "sdpa", steps: int
         _load(model, rec, quant_type, context_probe)
         gc.collect()
         loaded_at = len(rec.events)
-        if quant_type:
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=query.grad_checkpointing)
-            rec.events.append(("empty_cache",))  # peft's auto_clear_cache after the fp32 upcast
-        elif query.grad_checkpointing:
-            model.gradient_checkpointing_enable()
-            model.enable_input_require_grads()
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=query.grad_checkpointing)
+        rec.events.append(("empty_cache",))  # peft's auto_clear_cache after the fp32 upcast
         model.config.use_cache = False
         lora = LoraConfig(r=query.lora_r, lora_alpha=2 * query.lora_r, lora_dropout=LORA_DROPOUT,
                           target_modules=targets[0] if targets == ("all-linear",) else list(targets),
