@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic
-from .snapshot import SnapshotRecorder, logits_ranges, summarise
+from .snapshot import SnapshotRecorder, _trace, logits_ranges, summarise
 
 
 def _model_type(model_dir: str | Path) -> str:
@@ -55,7 +55,7 @@ def allocation_trace(snapshot: dict, device: int = 0) -> list[list]:
     Python frame outside torch's own files), to replay (harness.memory.allocator_sim) or to set
     beside a traced step (harness.memory.step_trace)."""
     out = []
-    for e in snapshot["device_traces"][device]:
+    for e in _trace(snapshot, device):
         action = TRACE_ACTIONS.get(e["action"])
         if action is None:
             continue
