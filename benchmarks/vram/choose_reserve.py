@@ -57,13 +57,17 @@ class Case:
         return need * (1 + fraction) / self.line - 1
 
 
-def boundary_cases(family_runs: int | None = None, expandable: bool = False) -> list[Case]:
+def boundary_cases(family_runs: int | None = None, expandable: bool = False, run_dirs: tuple = ()) -> list[Case]:
     """The capped cases: boundary rows with the default allocator, or every capped row run with
-    expandable segments (the fifth run's misses and the seventh's refusals again, the eighth run)."""
-    rows = [] if expandable else [dict(r, _run=r["run"]) for r in load_truth()[0]]
+    expandable segments (the fifth run's misses and the seventh's refusals again, the eighth run).
+    run_dirs: those runs' directories (measured-families-N) only, instead of the committed ones."""
+    rows = [] if expandable or run_dirs else [dict(r, _run=r["run"]) for r in load_truth()[0]]
     dirs = T.FAMILIES_DIRS[:family_runs] if family_runs else T.FAMILIES_DIRS
-    for i, d in enumerate(dirs, 1):
-        rows += [dict(r, _run=f"families-{i}") for r in T.load_rows(d)["train"]]
+    labelled = [(f"families-{i}", d) for i, d in enumerate(dirs, 1)]
+    if run_dirs:
+        labelled = [(f"families-{Path(d).name.rpartition('-')[2]}", Path(d)) for d in run_dirs]
+    for label, d in labelled:
+        rows += [dict(r, _run=label) for r in T.load_rows(d)["train"]]
     shapes: dict = {}
     out = []
     for r in rows:

@@ -82,8 +82,11 @@ SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")
         "again": BOUNDARY_FAMILIES,
         "again2": BOUNDARY_FAMILIES,
         "again3": BOUNDARY_FAMILIES,
+        "again4": BOUNDARY_FAMILIES,
         "trace": ("phi-4-mini", "gemma-3-1b"),
-        "trace2": ("mistral-7b-v0.3",)}
+        "trace2": ("mistral-7b-v0.3",),
+        "trace3": BOUNDARY_FAMILIES,
+        "trace4": ("gemma-2-2b", "phi-4-mini")}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -386,7 +389,8 @@ def reserve_jobs(job_set: str = "reserve") -> list[dict]:
 
 # (seed of the default verdict's cases, of the expandable verdict's, runs committed before the set
 # was drawn) of the sets that test both verdicts
-AGAIN_SETS = {"again": (2733, 2734, 9), "again2": (2735, 2736, 11), "again3": (2737, 2738, 12)}
+AGAIN_SETS = {"again": (2733, 2734, 9), "again2": (2735, 2736, 11), "again3": (2737, 2738, 12),
+              "again4": (2739, None, 17)}
 
 
 def again_jobs(job_set: str = "again") -> list[dict]:
@@ -395,11 +399,14 @@ def again_jobs(job_set: str = "again") -> list[dict]:
     verdict with expandable segments (run with them); none at a committed setting or each other's.
     The twelfth (again2): the same after the recomputed layer's peak gained the held logits and the
     late backward (estimate.held_logits_bytes, late_backward_bytes); the thirteenth (again3): 36 more
-    of each, nothing changed since."""
+    of each, nothing changed since; the eighteenth (again4): 36 more of the default allocator's only,
+    to test the allocator replay (harness.memory.step_trace) on steps it was not corrected on."""
     default_seed, expandable_seed, runs = AGAIN_SETS[job_set]
     families = SETS[job_set]
     seen = committed_settings(runs, truth=True)
     default = fresh_boundary_cases(random.Random(default_seed), seen, FRESH_PER_FAMILY, families)
+    if expandable_seed is None:
+        return [train_job(c) for c in first_family_first(default, families)]
     seen |= {setting(asdict(c)) for c in default}
     expandable = fresh_boundary_cases(random.Random(expandable_seed), seen, FRESH_PER_FAMILY, families, expandable_ratio)
     return ([train_job(c) for c in first_family_first(default, families)]
@@ -471,16 +478,36 @@ TRACE_CASES = (("phi-4-mini", "all", 32, 1, 128, "adamw_torch"), ("gemma-3-1b", 
 TRACE2_CASES = (("mistral-7b-v0.3", "attn", 8, 2, 320, "adamw_torch"), ("mistral-7b-v0.3", "all", 8, 1, 256, "adamw_torch"))
 
 
+# The replay's other misses at margin 0, each recorded uncapped: four steps without checkpointing and
+# two Mistral-7B attention-only steps that ran out where the replay let them fit, and the two refusals
+# it was furthest off that fitted: (arch, targets, r, batch, seq, optimizer, checkpointing)
+TRACE3_CASES = (("qwen3-1.7b", "all", 8, 3, 128, "adamw_8bit", False),
+                ("llama-3.2-3b", "all", 64, 1, 192, "adamw_8bit", False),
+                ("gemma-3-1b", "all", 16, 1, 384, "adamw_torch", False),
+                ("llama-3.2-3b", "attn", 4, 1, 320, "adamw_8bit", False),
+                ("mistral-7b-v0.3", "attn", 4, 1, 640, "adamw_8bit", True),
+                ("mistral-7b-v0.3", "attn", 32, 3, 192, "adamw_8bit", True),
+                ("gemma-2-2b", "attn", 4, 2, 192, "adamw_8bit", True),
+                ("phi-4-mini", "attn-fused", 4, 1, 384, "adamw_8bit", True))
+
+
+# The two fitted refusals again, capped as they ran and uncapped: their uncapped histories of the
+# sixteenth run, replayed under the cap, ran out (+0.7%, +7.1%) where the capped runs had fitted
+TRACE4_CASES = TRACE3_CASES[-2:]
+
+
 def trace_jobs(cases: tuple = TRACE_CASES, capped_too: bool = True) -> list[dict]:
     """The fourteenth run (--set trace): each case capped at 6 GiB as it ran, and uncapped, with the
     allocator's whole history written beside its row (snapshot_case --trace-out); the fifteenth
-    (trace2): Mistral-7B's cases uncapped only."""
+    (trace2) and sixteenth (trace3): uncapped only. A case's seventh field, if any, is checkpointing."""
     jobs = []
-    for arch, targets, r, batch, seq, opt in cases:
-        capped = TrainCase(arch, "nf4-dq", targets, r, True, batch, seq, opt, budget_bytes=BUDGET, role="trace")
+    for arch, targets, r, batch, seq, opt, *gc in cases:
+        checkpointing = gc[0] if gc else True
+        capped = TrainCase(arch, "nf4-dq", targets, r, checkpointing, batch, seq, opt, budget_bytes=BUDGET, role="trace")
         both = ((capped, "-capped"),) if capped_too else ()
+        gc_suffix = "" if checkpointing else "-gc0"
         for case, suffix in both + ((replace(capped, budget_bytes=None), "-uncapped"),):
-            jobs.append(dict(snapshot_train_job(case, suffix=f"-{opt}{suffix}"), trace=True))
+            jobs.append(dict(snapshot_train_job(case, suffix=f"{gc_suffix}-{opt}{suffix}"), trace=True))
     return jobs
 
 
@@ -528,6 +555,10 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
         return trace_jobs()
     if job_set == "trace2":
         return trace_jobs(TRACE2_CASES, capped_too=False)
+    if job_set == "trace3":
+        return trace_jobs(TRACE3_CASES, capped_too=False)
+    if job_set == "trace4":
+        return trace_jobs(TRACE4_CASES)
     if job_set in AGAIN_SETS:
         return again_jobs(job_set)
     rng = random.Random(27)

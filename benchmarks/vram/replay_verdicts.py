@@ -2,12 +2,13 @@
 case's traced step (harness.memory.step_trace, harness.memory.allocator_sim), against what ran on
 the H200 under an emulated 6 GiB card: a real OOM or not.
 
-Each case is traced on the meta device (about 5-10 s on one core) and replayed to the smallest cap
-it runs under (its need); the verdict is need x (1 + margin) <= budget - the row's CUDA context.
+Each case is traced on the meta device (about 5-10 s on one core) and replayed, for each margin,
+under (budget - the row's CUDA context) / (1 + margin): it fits if it runs without OOM there.
 Rows go to reports/vram-replay.json as they come (atomic writes; a rerun resumes), then the table:
 per margin, agreement and predicted fits that ran out, over all cases and leaving each run out.
 
     python benchmarks/vram/replay_verdicts.py [--jobs 2] [--runs families] [--out reports/vram-replay.json]
+        [--run-dir benchmarks/vram/measured-families-18]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import atomic  # noqa: E402
 
-MARGINS = tuple(x / 1000 for x in range(0, 31, 5))
+MARGINS = tuple(x / 1000 for x in range(0, 31, 5))  # 0 to 3% in steps of 0.5%
 
 
 def _case_key(case) -> str:
@@ -40,26 +41,28 @@ def _replay(args: tuple) -> dict:
     key, config, query, attention, line, fits, run = args
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    from harness.memory.allocator_sim import smallest_cap
-    from harness.memory.step_trace import trace_training_step
+    from harness.memory.step_trace import fits_under, trace_training_step
 
     t0 = time.perf_counter()
     try:
         trace = trace_training_step(config, query, attention)
     except Exception as exc:  # noqa: BLE001 - the row says why; the others go on
         return {"key": key, "run": run, "error": f"{type(exc).__name__}: {exc}"[:300]}
-    need = smallest_cap(trace.events)
-    return {"key": key, "run": run, "fits": fits, "line_bytes": line, "need_bytes": need,
-            "need_margin": round(need / line - 1, 5), "traced_peak_bytes": trace.train_peak_bytes,
+    return {"key": key, "run": run, "fits": fits, "line_bytes": line, "traced_peak_bytes": trace.train_peak_bytes,
+            "replay_fits": {f"{m:.3f}": fits_under(trace.events, line, m) for m in MARGINS},
             "events": len(trace.events), "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def _said(row: dict, margin: float) -> bool:
+    return row["replay_fits"][f"{margin:.3f}"]
+
+
 def table(rows: list[dict]) -> list[str]:
-    rows = [r for r in rows if "need_margin" in r]
+    rows = [r for r in rows if "replay_fits" in r]
     runs = sorted({r["run"] for r in rows})
-    out = [f"{len(rows)} cases; verdict: need x (1 + margin) <= budget - context"]
+    out = [f"{len(rows)} cases; verdict: the traced steps replay without OOM under (budget - context) / (1 + margin)"]
     for m in MARGINS:
-        said = [((1 + r["need_margin"]) * (1 + m) <= 1, r["fits"]) for r in rows]
+        said = [(_said(r, m), r["fits"]) for r in rows]
         agree = sum(a == b for a, b in said)
         false_fits = sum(a and not b for a, b in said)
         out.append(f"  margin {m:.3f}: {agree}/{len(rows)} agree ({agree / len(rows):.1%}), {false_fits} predicted fits ran out")
@@ -68,10 +71,9 @@ def table(rows: list[dict]) -> list[str]:
     total = agree_all = ff_all = 0
     for run in runs:
         rest = [r for r in rows if r["run"] != run]
-        chosen = next((m for m in MARGINS if not any((1 + r["need_margin"]) * (1 + m) <= 1 and not r["fits"] for r in rest)),
-                      MARGINS[-1])
+        chosen = next((m for m in MARGINS if not any(_said(r, m) and not r["fits"] for r in rest)), MARGINS[-1])
         mine = [r for r in rows if r["run"] == run]
-        said = [((1 + r["need_margin"]) * (1 + chosen) <= 1, r["fits"]) for r in mine]
+        said = [(_said(r, chosen), r["fits"]) for r in mine]
         agree, ff = sum(a == b for a, b in said), sum(a and not b for a, b in said)
         total, agree_all, ff_all = total + len(mine), agree_all + agree, ff_all + ff
         out.append(f"  {run:12s} margin {chosen:.3f}: {agree}/{len(mine)} agree, {ff} predicted fits ran out")
@@ -86,6 +88,9 @@ def main(argv=None) -> int:
                     "runs, transformers 5.17 as the tracer's stand-ins were read)")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "vram-replay.json")
     ap.add_argument("--limit", type=int, default=None, help="the first N cases only")
+    ap.add_argument("--run-dir", type=Path, action="append", default=[],
+                    help="a families run's directory (benchmarks/vram/measured-families-N) not yet among the "
+                         "committed runs: its boundary cases only")
     args = ap.parse_args(argv)
     from choose_reserve import boundary_cases
 
@@ -93,8 +98,9 @@ def main(argv=None) -> int:
     from harness.memory.shape import load_config
     from harness.memory.train_matrix import FAMILY_TARGET_SETS
 
-    cases = [c for c in boundary_cases() if c.run.startswith(args.runs)][:args.limit]
-    done = {r["key"]: r for r in (json.loads(args.out.read_text())["rows"] if args.out.is_file() else [])}
+    cases = [c for c in boundary_cases(run_dirs=tuple(args.run_dir)) if c.run.startswith(args.runs)][:args.limit]
+    done = {r["key"]: r for r in (json.loads(args.out.read_text())["rows"] if args.out.is_file() else [])
+            if "replay_fits" in r}
     todo = []
     for c in cases:
         key = _case_key(c)
@@ -112,7 +118,7 @@ def main(argv=None) -> int:
         for i, row in enumerate(pool.imap_unordered(_replay, todo), 1):
             rows.append(row)
             atomic.write_json(args.out, {"rows": rows})
-            print(f"[{i}/{len(todo)}] {row['key']}: {row.get('need_margin', row.get('error'))}", file=sys.stderr, flush=True)
+            print(f"[{i}/{len(todo)}] {row['key']}: {row.get('replay_fits', row.get('error'))}", file=sys.stderr, flush=True)
     lines = table(rows)
     atomic.write_json(args.out, {"rows": rows, "table": lines})
     print("\n".join(lines))

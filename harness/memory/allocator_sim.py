@@ -396,7 +396,9 @@ def smallest_cap(events: Iterable[Event], granularity: int = 2 << 20) -> int:
 def events_from_history(history: Iterable[Sequence]) -> list[Event]:
     """Replayable events from a recorded allocator history (snapshot_case --trace-out rows
     [action, address, size, where]): each allocation named by its row's index in the history, frees
-    matched by address; segment rows and frees of blocks made before the recording began are dropped."""
+    matched by address, each run of segment frees as one empty_cache (torch.cuda.empty_cache, or the
+    release before a retry, which the replay makes itself); segment allocations and frees of blocks
+    made before the recording began are dropped."""
     live: dict[int, int] = {}
     out: list[Event] = []
     for i, row in enumerate(history):
@@ -406,4 +408,6 @@ def events_from_history(history: Iterable[Sequence]) -> list[Event]:
             out.append(("alloc", i, row[2]))
         elif action == "free" and address in live:
             out.append(("free", live.pop(address)))
+        elif action == "segment_free" and (not out or out[-1] != ("empty_cache",)):
+            out.append(("empty_cache",))
     return out

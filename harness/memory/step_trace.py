@@ -16,7 +16,9 @@ H200 allocator history (benchmarks/vram/measured-families-14/):
 - SDPA as the CUDA kernels run it (flash without a mask, memory-efficient with one; the meta device
   would decompose it into the math path and keep the score matrix);
 - dropout's mask as a bool (CUDA's fused kernel; the meta decomposition keeps a float one);
-- cuBLAS and cuBLASLt's workspaces at the first matmul (WORKSPACE_BYTES).
+- cuBLAS's workspace of each thread at its first matmul (WORKSPACE_BYTES): the step's, and the
+  autograd engine's at the first one of backward;
+- SDPA's math path as torch runs it, where CUDA takes it (fp32 q/k/v with grouped-query heads).
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from ..errors import UnsupportedError
 from .lora import optimizer_name
 
 MiB = 1 << 20
-# cuBLAS's and cuBLASLt's workspaces on sm90 (32 MiB each), made at the first matmul: the traced
-# peak of every checkpointed step of the families runs sat 64-66 MiB under the measured one without them
-WORKSPACE_BYTES = (32 * MiB, 32 * MiB)
+# cuBLAS's workspace on sm90, one per thread's handle, made after the output of that thread's first
+# matmul: the step's in forward, the autograd engine's at the first of backward (an H200 history's
+# order); the checkpointed steps' traced peaks sat 64-66 MiB under the measured ones without them
+WORKSPACE_BYTES = 32 * MiB
 # The context probe (harness.memory.measure.cuda_context_bytes) leaves one small-pool segment cached
 # before the model loads; the warmup counts it as memory already there.
 PROBE_SEGMENT_BYTES = 2 * MiB
@@ -53,8 +56,8 @@ class StepTrace:
     @property
     def train_peak_bytes(self) -> int:
         """The peak of the live bytes over the steps (unrounded, as the tensors ask; the cuBLAS
-        workspaces counted): -0.8% to 0.0% of the H200's (median -0.04%) on the 134 checkpointed
-        steps of the families runs that fitted, 0.4-3.9% under it on the 27 without (docs/vram.md)."""
+        workspaces counted): the recorded peak, to the MiB, on each of the twelve H200 histories of
+        the fourteenth to seventeenth families runs (docs/vram.md)."""
         sizes: dict = {}
         live = peak = 0
         for i, e in enumerate(self.events):
@@ -78,6 +81,16 @@ class _Recorder:
         self._refs: dict[int, weakref.ref] = {}
         self._stood_for: set[int] = set()  # storages synthetic events stand for
         self._pinned: list = []  # ...kept alive, so no recorded storage takes their id
+        self._workspaces: set[bool] | None = None  # threads (backward or not) with a cuBLAS workspace
+
+    def workspaces_from_now(self) -> None:
+        self._workspaces = set()
+
+    def after_matmul(self, backward: bool) -> None:
+        """The thread's cuBLAS workspace at its first matmul, held to the end as its handle holds it."""
+        if self._workspaces is not None and backward not in self._workspaces:
+            self._workspaces.add(backward)
+            self.synthetic(WORKSPACE_BYTES)
 
     def synthetic(self, nbytes: int) -> int:
         self._next += 1
@@ -114,6 +127,10 @@ def _dispatch_mode(rec: _Recorder):
     from torch.utils._pytree import tree_flatten
 
     gemm_4bit = getattr(getattr(torch.ops, "bitsandbytes", None), "gemm_4bit", None)
+    aten = torch.ops.aten
+    matmuls = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default}
+    if gemm_4bit is not None:
+        matmuls.add(gemm_4bit.default)
 
     class Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -123,14 +140,28 @@ def _dispatch_mode(rec: _Recorder):
                 return True if args[0].dtype == torch.bool else 1
             temps = _gemm_4bit_temps(rec, *args, **kwargs) if gemm_4bit is not None and func is gemm_4bit.default else []
             out = func(*args, **kwargs)
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.device.type == "meta":
-                    rec.adopt(t)
-            for key in reversed(temps):
+            made = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.device.type == "meta"]
+            if func is torch.ops.aten.native_dropout.default:
+                made.reverse()  # CUDA's fused dropout makes its bool mask first
+            for t in made:
+                rec.adopt(t)
+            if func in matmuls:
+                rec.after_matmul(torch._C._current_autograd_node() is not None)
+            if func is torch.ops.aten._safe_softmax.default:
+                temps = _safe_softmax_temps(rec, args[0], args[1])
+            for key in temps:
                 rec.free(key)
             return out
 
     return Mode()
+
+
+def _safe_softmax_temps(rec: _Recorder, x, dim: int) -> list[int]:
+    """aten._safe_softmax on CUDA after its output: which elements are -inf (bool), which rows are
+    all -inf (bool), the zero scalar (an H200 history's order); the keys in the order they go."""
+    rows = x.numel() // max(1, x.shape[dim])
+    made = [rec.synthetic(x.numel()), rec.synthetic(rows), rec.synthetic(4)]
+    return made[::-1]  # freed last first
 
 
 def _gemm_4bit_temps(rec: _Recorder, A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None,
@@ -164,20 +195,69 @@ def _quantize_events(rec: _Recorder, numel: int, element_size: int) -> None:
         rec.free(key)
 
 
-def sdpa_as_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """F.scaled_dot_product_attention as CUDA runs a bf16 training step: flash attention without a
-    mask (grouped-query heads native), memory-efficient attention with one (a bool mask made additive)."""
+def sdpa_backend(query, key, attn_mask=None, enable_gqa=False) -> str:
+    """The kernel CUDA's F.scaled_dot_product_attention picks on sm90 for a training step: flash for
+    fp16/bf16 without a mask (grouped-query heads native), else memory-efficient where the heads
+    match (it takes fp32 and a mask, not grouped-query heads), else the math path. peft's k-bit
+    preparation leaves the layer norms in fp32, so q/k/v arrive in fp32 and grouped-query families
+    take the math path, which keeps the fp32 score matrix (the H200 histories of
+    benchmarks/vram/measured-families-16/)."""
     import torch
 
-    if attn_mask is None:
+    if query.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and query.shape[-1] <= 256:
+        return "flash"
+    if key.shape[-3] == query.shape[-3]:
+        return "efficient"
+    return "math"
+
+
+def _math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """torch's _scaled_dot_product_attention_math in the order the H200 histories show: fp16/bf16
+    upcast to fp32, q scaled, the causal mask made additive, grouped heads repeated, the mask added
+    in place, the safe softmax's bool temporaries (_safe_softmax_temps)."""
+    import math
+
+    import torch
+
+    dtype = query.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        query, key, value = query.float(), key.float(), value.float()
+    factor = math.sqrt(scale if scale is not None else 1 / math.sqrt(query.shape[-1]))
+    query = query * factor  # scaled first, as torch does (an H200 history's order)
+    if is_causal:
+        causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+        attn_mask = torch.where(causal, torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device),
+                                torch.scalar_tensor(float("-inf"), dtype=query.dtype, device=query.device))
+        del causal
+    elif attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~attn_mask, float("-inf"))
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        rep = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(rep, -3), value.repeat_interleave(rep, -3)
+    attn = torch.matmul(query, key.transpose(-2, -1) * factor)
+    if attn_mask is not None:
+        attn.add_(attn_mask)
+    attn = torch.ops.aten._safe_softmax(attn, -1)
+    if dropout_p > 0.0:
+        attn = torch.ops.aten.native_dropout(attn, dropout_p, True)[0]
+    return torch.matmul(attn, value).to(dtype)
+
+
+def sdpa_as_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """F.scaled_dot_product_attention through the kernel CUDA would pick (sdpa_backend): flash and
+    memory-efficient by their own ops (a bool mask made additive), the math path as the meta device
+    runs it anyway (the same composite ops CUDA runs)."""
+    import torch
+
+    backend = sdpa_backend(query, key, attn_mask, enable_gqa)
+    if backend == "flash":
         return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
                                                                    scale=scale)[0]
-    if enable_gqa and key.shape[1] != query.shape[1]:
-        rep = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
-    if attn_mask.dtype == torch.bool:
+    if backend == "math":
+        return _math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~attn_mask, float("-inf"))
-    if attn_mask.dim() == 4:
+    if attn_mask is not None and attn_mask.dim() == 4:
         attn_mask = attn_mask.expand(query.shape[0], query.shape[1], -1, -1)
     return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, True, dropout_p,
                                                                    is_causal, scale=scale)[0]
@@ -347,8 +427,7 @@ def trace_training_step(config: dict, query, attention: str = "sdpa", steps: int
         opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
         ids = torch.randint(3, 1000, (query.batch, query.seq_len), device="meta")
         train_at = len(rec.events)
-        for nbytes in WORKSPACE_BYTES:  # held to the end, as the handles hold them
-            rec.synthetic(nbytes)
+        rec.workspaces_from_now()
         for step in range(steps):
             say(f"step {step + 1}/{steps}")
             out = model(input_ids=ids, labels=ids)
@@ -360,11 +439,12 @@ def trace_training_step(config: dict, query, attention: str = "sdpa", steps: int
     return StepTrace(rec.events, loaded_at, train_at)
 
 
-# The margin the replayed need keeps under the cap for what the trace does not see (kernels' own
-# scratch, the driver's address choices, the non-checkpointed path's differences): the smallest on
+# The margin the replay keeps under the cap for what the trace does not see (the autograd engine's
+# in-place gradient accumulation, which the meta device under a dispatch mode does out of place;
+# the driver's address choices): the step must replay under cap / (1 + margin); the smallest on
 # benchmarks/vram/replay_verdicts.py's grid with no predicted fit that ran out over the 284 committed
 # families boundary cases (docs/vram.md, "The allocator replayed")
-REPLAY_MARGIN = 0.025
+REPLAY_MARGIN = 0.005
 
 
 @dataclass(frozen=True)
@@ -380,10 +460,19 @@ class ReplayVerdict:
                 "margin": self.margin, "traced_peak_bytes": self.traced_peak_bytes}
 
 
+def fits_under(events, line_bytes: int, margin: float) -> bool:
+    """Do the events replay without OOM under line_bytes / (1 + margin)? Replayed at that cap, not
+    read off the smallest cap: whether a step fits is not monotone in the cap (a release before a
+    retry changes the later layout), and a bisection's need can call a fitting step a refusal."""
+    from .allocator_sim import replay
+
+    return not replay(events, int(line_bytes / (1 + margin))).oom
+
+
 def replay_verdict(trace: StepTrace, budget_bytes: int, context_bytes: int, margin: float = REPLAY_MARGIN) -> ReplayVerdict:
     """Does the traced step run on a card of budget_bytes, torch's default allocator replayed?"""
     from .allocator_sim import smallest_cap
 
     cap = budget_bytes - context_bytes
     need = smallest_cap(trace.events)
-    return ReplayVerdict(need * (1 + margin) <= cap, need, cap, margin, trace.train_peak_bytes)
+    return ReplayVerdict(fits_under(trace.events, cap, margin), need, cap, margin, trace.train_peak_bytes)
