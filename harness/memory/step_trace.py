@@ -245,8 +245,8 @@ def _math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
 
 def sdpa_as_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """F.scaled_dot_product_attention through the kernel CUDA would pick (sdpa_backend): flash and
-    memory-efficient by their own ops (a bool mask made additive), the math path as the meta device
-    runs it anyway (the same composite ops CUDA runs)."""
+    memory-efficient by their own ops (a bool mask made additive), the math path as torch runs it
+    on CUDA (_math_sdpa)."""
     import torch
 
     backend = sdpa_backend(query, key, attn_mask, enable_gqa)
@@ -450,7 +450,7 @@ REPLAY_MARGIN = 0.005
 @dataclass(frozen=True)
 class ReplayVerdict:
     fits: bool
-    need_bytes: int  # the smallest cap (2 MiB steps) the traced steps run under
+    need_bytes: int  # a bisection's smallest cap (2 MiB steps): for reading; fits replays at the cap
     cap_bytes: int  # what the allocator may hold: the budget less the CUDA context
     margin: float
     traced_peak_bytes: int
