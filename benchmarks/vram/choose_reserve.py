@@ -63,9 +63,8 @@ def boundary_cases(family_runs: int | None = None, expandable: bool = False, run
     run_dirs: those runs' directories (measured-families-N) only, instead of the committed ones."""
     rows = [] if expandable or run_dirs else [dict(r, _run=r["run"]) for r in load_truth()[0]]
     dirs = T.FAMILIES_DIRS[:family_runs] if family_runs else T.FAMILIES_DIRS
-    labelled = [(f"families-{i}", d) for i, d in enumerate(dirs, 1)]
-    if run_dirs:
-        labelled = [(f"families-{Path(d).name.rpartition('-')[2]}", Path(d)) for d in run_dirs]
+    labelled = ([(f"families-{Path(d).name.rpartition('-')[2]}", Path(d)) for d in run_dirs] if run_dirs
+                else [(f"families-{i}", d) for i, d in enumerate(dirs, 1)])
     for label, d in labelled:
         rows += [dict(r, _run=label) for r in T.load_rows(d)["train"]]
     shapes: dict = {}

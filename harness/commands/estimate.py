@@ -150,10 +150,10 @@ def replay_line(replay: dict) -> str:
 
     if "error" in replay:
         return f"not replayed: {replay['error']}"
-    margin = f" and {replay['margin']:.1%} over it" if replay["margin"] else ""
+    margin = f" less {replay['margin']:.1%}" if replay["margin"] else ""
     return (f"replayed on torch's caching allocator: {'fits' if replay['fits'] else 'does not fit'} "
-            f"(the traced steps run under a cap of {format_bytes(replay['need_bytes'])}{margin}; "
-            f"the card leaves {format_bytes(replay['cap_bytes'])})")
+            f"under the {format_bytes(replay['cap_bytes'])} the card leaves{margin} "
+            f"(a bisection over the cap puts the traced steps' need at {format_bytes(replay['need_bytes'])})")
 
 
 def _limit_note(config, seqs: list[int], modes: list[str], new_tokens: int) -> str | None:

@@ -50,7 +50,6 @@ class StepTrace:
     """The events ("alloc", key, bytes) / ("free", key) / ("empty_cache",) of a load and its steps."""
 
     events: list[tuple]
-    loaded_at: int  # index of the first event after loading
     train_at: int  # index of the first event of the first step
 
     @property
@@ -211,6 +210,13 @@ def sdpa_backend(query, key, attn_mask=None, enable_gqa=False) -> str:
     return "math"
 
 
+def _additive(bool_mask, query):
+    """A bool attention mask (True: attend) as the additive one SDPA's kernels apply."""
+    import torch
+
+    return torch.zeros(bool_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~bool_mask, float("-inf"))
+
+
 def _math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """torch's _scaled_dot_product_attention_math in the order the H200 histories show: fp16/bf16
     upcast to fp32, q scaled, the causal mask made additive, grouped heads repeated, the mask added
@@ -230,7 +236,7 @@ def _math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
                                 torch.scalar_tensor(float("-inf"), dtype=query.dtype, device=query.device))
         del causal
     elif attn_mask is not None and attn_mask.dtype == torch.bool:
-        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~attn_mask, float("-inf"))
+        attn_mask = _additive(attn_mask, query)
     if enable_gqa and key.shape[-3] != query.shape[-3]:
         rep = query.shape[-3] // key.shape[-3]
         key, value = key.repeat_interleave(rep, -3), value.repeat_interleave(rep, -3)
@@ -256,7 +262,7 @@ def sdpa_as_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     if backend == "math":
         return _math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
-        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~attn_mask, float("-inf"))
+        attn_mask = _additive(attn_mask, query)
     if attn_mask is not None and attn_mask.dim() == 4:
         attn_mask = attn_mask.expand(query.shape[0], query.shape[1], -1, -1)
     return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, True, dropout_p,
@@ -415,7 +421,6 @@ def trace_training_step(config: dict, query, attention: str = "sdpa", steps: int
         say("loading on the meta device")
         _load(model, rec, quant_type, context_probe)
         gc.collect()
-        loaded_at = len(rec.events)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=query.grad_checkpointing)
         rec.events.append(("empty_cache",))  # peft's auto_clear_cache after the fp32 upcast
         model.config.use_cache = False
@@ -436,7 +441,7 @@ def trace_training_step(config: dict, query, attention: str = "sdpa", steps: int
             opt.zero_grad(set_to_none=True)
             del out
             gc.collect()
-    return StepTrace(rec.events, loaded_at, train_at)
+    return StepTrace(rec.events, train_at)
 
 
 # The margin the replay keeps under the cap for what the trace does not see (the autograd engine's
