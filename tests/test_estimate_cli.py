@@ -131,7 +131,7 @@ def test_plan_says_what_fits_on_6gib(capsys):
 
 
 def test_plan_train_and_bad_budget():
-    r = cli("plan", "--config", "qwen2.5-1.5b", "--budget", "8GB", "--train")
+    r = cli("plan", "--config", "qwen2.5-1.5b", "--budget", "8GB", "--train", "--no-replay")
     assert r.returncode == 0 and "train" in r.stdout
     r = cli("plan", "--config", "qwen2.5-1.5b", "--budget", "lots")
     assert r.returncode == 2 and "not a size" in r.stderr

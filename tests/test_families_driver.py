@@ -135,3 +135,22 @@ def test_the_fresh_set_checks_new_settings_on_both_sides_of_the_verdict(driver):
     b2 = [c for c in cases if c.role == "matrix"]
     assert len(b2) >= 3 and all(c.arch == "mistral-7b-v0.3" and c.batch == 2 and c.grad_checkpointing for c in b2)
     assert cases[2].arch == "mistral-7b-v0.3" and len({j["name"] for j in jobs}) == len(jobs)
+
+
+def test_the_planlimit_set_runs_each_replayed_limit_and_one_percent_past_it(driver):
+    """--set planlimit (the nineteenth run): per recipe of plan-limit-cases.json, batch 1 at plan
+    --train's replayed limit and at the first length ~1% of the step past it, each family's recipes
+    never run at batch 1 before, Mistral's first."""
+    import json
+
+    rows = json.loads(driver.PLAN_LIMIT_CASES.read_text())["cases"]
+    cases = [TrainCase(**j["case"]) for j in driver.plan_limit_jobs()]
+    planned = [r for r in rows if r["limit"]]
+    assert len(cases) == 2 * len(planned) >= 20 and {c.arch for c in cases} == set(driver.SETS["planlimit"])
+    assert all(c.batch == 1 and c.role == "boundary" and c.budget_bytes == driver.BUDGET for c in cases)
+    for r in planned:
+        assert r["closed"] and r["past"] > r["limit"]
+        mine = sorted(c.seq_len for c in cases if (c.arch, c.targets, c.lora_r, c.optimizer)
+                      == (r["arch"], r["targets"], r["lora_r"], r["optimizer"]))
+        assert mine == [r["limit"], r["past"]]
+    assert cases[0].arch == "mistral-7b-v0.3" and len({c.key for c in cases}) == len(cases)

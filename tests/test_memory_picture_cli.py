@@ -69,7 +69,7 @@ def test_explain_text_draws_bars_and_names_unverified_families(capsys):
 def test_plan_says_unverified_as_estimate_does(capsys):
     """plan computes through the same estimator: an unchecked family is named there too (text and
     JSON), one model or two on a card; a verified one stays quiet."""
-    assert main(["plan", "--config", "gemma-2-2b", "--budget", "6GiB", "--train", "--precision", "nf4-dq"]) == 0
+    assert main(["plan", "--config", "gemma-2-2b", "--budget", "6GiB", "--train", "--no-replay", "--precision", "nf4-dq"]) == 0
     out = capsys.readouterr().out
     assert "note: unverified for gemma2 training" in out and "computed through" in out
     assert run_json(capsys, "plan", "--config", "gemma-2-2b", "--budget", "6GiB",
@@ -83,7 +83,7 @@ def test_plan_says_unverified_as_estimate_does(capsys):
     assert "unverified" not in capsys.readouterr().out
 
 def test_plan_train_names_what_stops_it_and_the_change_that_helps_most(capsys):
-    out = run_json(capsys, "plan", "--config", "qwen2.5-1.5b", "--budget", "6GiB", "--train", "--precision", "nf4-dq",
+    out = run_json(capsys, "plan", "--config", "qwen2.5-1.5b", "--budget", "6GiB", "--train", "--no-replay", "--precision", "nf4-dq",
                    "--lora-r", "8", "--lora-targets", "q_proj,k_proj,v_proj,o_proj")
     advice = out["plans"][0]["advice"]
     assert advice["seq_len"] == 2048 and advice["fits"] is False
@@ -102,11 +102,11 @@ def test_plan_train_names_what_stops_it_and_the_change_that_helps_most(capsys):
 
 
 def test_plan_train_without_checkpointing_offers_it(capsys):
-    out = run_json(capsys, "plan", "--config", "gemma-2-2b", "--budget", "8GiB", "--train", "--precision", "nf4-dq",
+    out = run_json(capsys, "plan", "--config", "gemma-2-2b", "--budget", "8GiB", "--train", "--no-replay", "--precision", "nf4-dq",
                    "--batch-seq-len", "1024", "--no-grad-checkpointing")
     changes = {c["change"]: c for c in out["plans"][0]["advice"]["changes"]}
     assert changes["gradient checkpointing on"]["saves_bytes"] > 4 * GIB
-    assert main(["plan", "--config", "qwen2.5-0.5b", "--budget", "24GiB", "--train", "--precision", "nf4-dq"]) == 0
+    assert main(["plan", "--config", "qwen2.5-0.5b", "--budget", "24GiB", "--train", "--no-replay", "--precision", "nf4-dq"]) == 0
     assert "fits at every precision" in capsys.readouterr().out
 
 
@@ -162,10 +162,10 @@ def test_a_model_directory_switch_reads_its_safetensors(tiny_model_dir, capsys):
 def test_plan_train_says_why_its_weights_differ_from_the_tables(capsys):
     """The table's weights are as loaded; what stops a QLoRA run counts them as trained (fp32
     embeddings, norms and lm_head): the two figures differ, and plan says why (bf16 does not cast)."""
-    assert main(["plan", "--config", "qwen2.5-7b", "--budget", "6GiB", "--train", "--precision", "nf4-dq"]) == 0
+    assert main(["plan", "--config", "qwen2.5-7b", "--budget", "6GiB", "--train", "--no-replay", "--precision", "nf4-dq"]) == 0
     out = capsys.readouterr().out
     assert "5.17 GiB as loaded" in out and "prepare_model_for_kbit_training" in out
-    assert main(["plan", "--config", "qwen2.5-0.5b", "--budget", "6GiB", "--train", "--precision", "bf16",
+    assert main(["plan", "--config", "qwen2.5-0.5b", "--budget", "6GiB", "--train", "--no-replay", "--precision", "bf16",
                  "--batch-seq-len", "32768"]) == 0
     out = capsys.readouterr().out
     assert "what stops it" in out and "as loaded" not in out

@@ -66,13 +66,13 @@ def test_why_texts_are_plain(capsys):
 
 
 def test_plan_train_takes_the_recipe(capsys):
-    base = ["plan", "--config", "qwen2.5-1.5b", "--budget", "6GiB", "--train", "--precision", "nf4-dq"]
+    base = ["plan", "--config", "qwen2.5-1.5b", "--budget", "6GiB", "--train", "--no-replay", "--precision", "nf4-dq"]
     attn = run_json(capsys, *base, "--lora-targets", "q_proj,k_proj,v_proj,o_proj", "--lora-r", "8")
     allx = run_json(capsys, *base, "--lora-targets", "all-linear", "--lora-r", "64")
     nogc = run_json(capsys, *base, "--no-grad-checkpointing")
     assert attn["plans"][0]["max_seq_len"] > allx["plans"][0]["max_seq_len"] > nogc["plans"][0]["max_seq_len"]
     assert attn["headroom"] == E.RESERVE_FRACTION["train"] and attn["optimizer"] == "adamw_torch"
-    phi = run_json(capsys, "plan", "--config", "phi-3-mini-4k", "--budget", "6GiB", "--train",
+    phi = run_json(capsys, "plan", "--config", "phi-3-mini-4k", "--budget", "6GiB", "--train", "--no-replay",
                    "--lora-targets", "q_proj,k_proj,v_proj,o_proj")
     assert "qkv_proj" in phi["lora_note"] and "only o_proj" in phi["lora_note"]
 
@@ -106,7 +106,7 @@ def test_estimate_says_what_the_card_needs_and_the_verdict(capsys):
     assert all(o["optimizer"] == "adamw_8bit" and o["lora_modules"] == 4 * 28 for o in train)
     assert {o["fits"] for o in train} == {True, False}
     # estimate's verdict and plan's limit say the same thing
-    plan = run_json(capsys, "plan", "--config", "qwen2.5-1.5b", "--budget", "6GiB", "--train", "--precision",
+    plan = run_json(capsys, "plan", "--config", "qwen2.5-1.5b", "--budget", "6GiB", "--train", "--no-replay", "--precision",
                     "nf4-dq", "--lora-targets", "q_proj,k_proj,v_proj,o_proj", "--optimizer", "adamw_8bit")
     limit = plan["plans"][0]["max_seq_len"]
     for seq, ok in ((limit, True), (limit + 1, False)):
@@ -237,7 +237,7 @@ def test_training_verdicts_keep_room_for_the_holes_a_step_leaves(capsys):
     eight = run_json(capsys, "estimate", "--config", "llama-3.2-1b", "--precision", "nf4-dq", "--mode", "train",
                      "--seq-len", "1024", "--optimizer", "adamw_8bit")[0]
     assert 0 < eight["breakdown"]["fragmentation"]["optimizer_states"] < holes["optimizer_states"]
-    plan = run_json(capsys, "plan", "--config", "llama-3.2-1b", "--budget", "6GiB", "--train", "--precision", "nf4-dq")
+    plan = run_json(capsys, "plan", "--config", "llama-3.2-1b", "--budget", "6GiB", "--train", "--no-replay", "--precision", "nf4-dq")
     p = plan["plans"][0]
     assert p["limited_by"] == "memory" and "kept free for the holes" in p["reason"]
     # the limit is where peak + allowance stops fitting, not the bare peak
@@ -298,7 +298,7 @@ def test_plan_train_gives_the_limits_with_expandable_segments_too(capsys):
     not; never shorter than the default allocator's; absent outside training."""
     from harness.memory.shape import model_shape
 
-    out = run_json(capsys, "plan", "--config", "qwen3-1.7b", "--train", "--precision", "nf4-dq,bf16",
+    out = run_json(capsys, "plan", "--config", "qwen3-1.7b", "--train", "--no-replay", "--precision", "nf4-dq,bf16",
                    "--budget", "6GiB", "--batch-seq-len", "256")
     shape = model_shape("qwen3-1.7b")
     for p in out["plans"]:
@@ -312,5 +312,5 @@ def test_plan_train_gives_the_limits_with_expandable_segments_too(capsys):
         assert ok(256, batch) and not ok(256, batch + 1), (p["precision"], batch)
     served = run_json(capsys, "plan", "--config", "qwen3-1.7b", "--precision", "nf4-dq", "--budget", "6GiB")
     assert all(p["max_seq_len_expandable"] is None for p in served["plans"])
-    main(["plan", "--config", "qwen3-1.7b", "--train", "--precision", "nf4-dq", "--budget", "6GiB"])
+    main(["plan", "--config", "qwen3-1.7b", "--train", "--no-replay", "--precision", "nf4-dq", "--budget", "6GiB"])
     assert re.search(r"with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True .*: nf4-dq \d+ tokens", capsys.readouterr().out)

@@ -43,7 +43,9 @@ boundary cases of each verdict, nothing changed (again_jobs); "under2", the elev
 again with every allocation live at the peak grouped by the stack that made it (snapshot.peak_groups);
 "again2", the twelfth (measured-families-12/): 36 fresh boundary cases of each verdict after the
 recomputed layer's peak gained what those snapshots showed (again_jobs); "again3", the thirteenth
-(measured-families-13/): 36 more of each, nothing changed (again_jobs). `--list` prints the jobs with each case's prediction and verdict.
+(measured-families-13/): 36 more of each, nothing changed (again_jobs); "planlimit", the nineteenth
+(measured-families-19/): plan --train's replayed context limits and ~1% past them, two recipes per
+family (plan_limit_jobs, drawn by plan_limit_cases.py). `--list` prints the jobs with each case's prediction and verdict.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")
         "trace": ("phi-4-mini", "gemma-3-1b"),
         "trace2": ("mistral-7b-v0.3",),
         "trace3": BOUNDARY_FAMILIES,
-        "trace4": ("gemma-2-2b", "phi-4-mini")}
+        "trace4": ("gemma-2-2b", "phi-4-mini"),
+        "planlimit": BOUNDARY_FAMILIES}
 BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
@@ -413,6 +416,20 @@ def again_jobs(job_set: str = "again") -> list[dict]:
             + [expandable_job(c) for c in first_family_first(expandable, families)])
 
 
+PLAN_LIMIT_CASES = Path(__file__).with_name("plan-limit-cases.json")
+
+
+def plan_limit_jobs(path: Path = PLAN_LIMIT_CASES) -> list[dict]:
+    """The nineteenth run (--set planlimit): per recipe of plan_limit_cases.py, the longest context
+    plan --train answers replayed (must fit the 6 GiB card) and the one ~1% of the step past it;
+    both boundary cases. Mistral's first, the rest interleaved by family."""
+    rows = json.loads(path.read_text())["cases"]
+    cases = [TrainCase(r["arch"], "nf4-dq", r["targets"], r["lora_r"], r["grad_checkpointing"], 1, seq, r["optimizer"],
+                       budget_bytes=BUDGET, role="boundary")
+             for r in rows if r.get("limit") for seq in (r["limit"], r["past"])]
+    return [train_job(c) for c in first_family_first(cases, SETS["planlimit"])]
+
+
 # The fifth run's predicted fits that ran out under the 6 GiB card (arch, targets, r, checkpointing,
 # batch, seq, optimizer), and phi-4-mini's all-linear rank series at one shape around its two.
 MISSES_5 = (("phi-4-mini", "all", 32, True, 1, 192, "adamw_8bit"), ("phi-4-mini", "all", 32, True, 2, 128, "adamw_8bit"),
@@ -561,6 +578,8 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
         return trace_jobs(TRACE4_CASES)
     if job_set in AGAIN_SETS:
         return again_jobs(job_set)
+    if job_set == "planlimit":
+        return plan_limit_jobs()
     rng = random.Random(27)
     boundary = [train_job(c) for c in boundary_cases(rng, 6)]
     first = snapshot_jobs()

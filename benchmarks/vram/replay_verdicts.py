@@ -14,9 +14,7 @@ per margin, agreement and predicted fits that ran out, over all cases and leavin
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import multiprocessing
 import sys
 import time
 import warnings
@@ -26,15 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import atomic  # noqa: E402
+from case_pool import case_key, rows_done, work_through  # noqa: E402
 
 MARGINS = tuple(x / 1000 for x in range(0, 31, 5))  # 0 to 3% in steps of 0.5%
-
-
-def _case_key(case) -> str:
-    r = case.row
-    return "|".join(str(r.get(k)) for k in ("arch", "targets", "lora_r", "grad_checkpointing", "batch", "seq_len",
-                                            "optimizer")) + f"|{case.run}"
 
 
 def _replay(args: tuple) -> dict:
@@ -99,11 +91,10 @@ def main(argv=None) -> int:
     from harness.memory.train_matrix import FAMILY_TARGET_SETS
 
     cases = [c for c in boundary_cases(run_dirs=tuple(args.run_dir)) if c.run.startswith(args.runs)][:args.limit]
-    done = {r["key"]: r for r in (json.loads(args.out.read_text())["rows"] if args.out.is_file() else [])
-            if "replay_fits" in r}
+    done = rows_done(args.out, "replay_fits")
     todo = []
     for c in cases:
-        key = _case_key(c)
+        key = case_key(c.row, c.run)
         if key in done:
             continue
         r = c.row
@@ -112,16 +103,8 @@ def main(argv=None) -> int:
                       optimizer=r["optimizer"])
         attention = c.shape.traits.attention if c.shape.traits else "sdpa"
         todo.append((key, load_config(r["arch"])[0], query, attention, c.line, c.fits, c.run))
-    print(f"{len(cases)} cases, {len(done)} already in {args.out}, {len(todo)} to trace", file=sys.stderr)
-    rows = list(done.values())
-    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        for i, row in enumerate(pool.imap_unordered(_replay, todo), 1):
-            rows.append(row)
-            atomic.write_json(args.out, {"rows": rows})
-            print(f"[{i}/{len(todo)}] {row['key']}: {row.get('replay_fits', row.get('error'))}", file=sys.stderr, flush=True)
-    lines = table(rows)
-    atomic.write_json(args.out, {"rows": rows, "table": lines})
-    print("\n".join(lines))
+    work_through(_replay, todo, done, args.out, args.jobs,
+                 lambda row: str(row.get("replay_fits", row.get("error"))), table, len(cases))
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from .model_options import add_shared_options, read_precisions, read_shared_options
 
@@ -14,22 +15,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shared_options(parser, precision_help=f"comma list of: {PRECISION_CHOICES}, w4a16; gguf for a .gguf file "
                                               "(default: bf16, or gguf for a .gguf file)",
                        budget_help="VRAM of the card (e.g. 6GiB or 8GB): add the verdict, does it fit with the "
-                                   "context and reserve")
+                                   "context and reserve",
+                       replay_help="with --budget and --mode train: replay torch's caching allocator on each step "
+                                   "under the card's cap (the holes a reserve can only guess; default: off)")
     parser.add_argument("--mode", default="prefill", help="comma list of: weights, prefill, generate, train")
     parser.add_argument("--seq-len", default="2048", help="prompt / training sequence length(s), comma list")
     parser.add_argument("--batch", default="1", help="batch size(s), comma list")
-    parser.add_argument("--replay", action="store_true",
-                        help="with --budget and --mode train: trace each step on the meta device and replay torch's "
-                             "caching allocator on it under the card's cap (the holes a reserve can only guess; "
-                             "nf4-dq / fp4-dq QLoRA; about 10 s a setting; needs transformers, peft and bitsandbytes)")
     parser.add_argument("--explain", action="store_true",
                         help="draw where the memory goes for each estimate (weights, quantization state, LoRA, "
                              "gradients, optimizer, activations, logits/loss, KV cache, reserve, context)")
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     from ..memory import estimate as E
     from ..memory import picture as P
     from ..units import comma_list, format_bytes, format_size, int_list
@@ -126,23 +123,18 @@ def _verdicts(est, mode: str, budget: int, context: int) -> dict:
 
 def _replay(spec, shape, q, budget: int, context: int) -> dict:
     """The step traced and torch's allocator replayed on it under budget - context, or why not."""
-    import sys
-
     from ..errors import UnsupportedError
-    from ..memory.families import at_transformers, installed_transformers
+    from ..memory.replay_limits import StepReplayer
     from ..memory.shape import load_config
-    from ..memory.step_trace import replay_verdict, trace_training_step
 
-    attention = getattr(at_transformers(shape, installed_transformers()).traits, "attention", None) or "sdpa"
-    say = lambda msg: print(f"replay {q.precision} {q.seq_len} x {q.batch}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    say = lambda msg: print(f"replay {q.precision} {msg}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        trace = trace_training_step(load_config(spec)[0], q, attention, progress=say)
+        replayer = StepReplayer(load_config(spec)[0], shape, q, budget, context, progress=say)
+        p = replayer.point(q.seq_len, q.batch)
     except UnsupportedError as exc:
         return {"error": str(exc)}
-    except ImportError as exc:
-        return {"error": f"the replay needs transformers and peft: {exc}"}
-    say("replaying the caching allocator")
-    return replay_verdict(trace, budget, context).as_dict()
+    return {"fits": p.fits, "need_bytes": p.need_bytes, "cap_bytes": replayer.cap_bytes, "margin": replayer.margin,
+            "traced_peak_bytes": p.traced_peak_bytes}
 
 
 def replay_line(replay: dict) -> str:

@@ -1,6 +1,6 @@
 """The options `estimate` and `plan` share, declared once and read once: --config, --precision,
 --new-tokens, --lora-r, --lora-targets, --optimizer, --[no-]grad-checkpointing, --budget,
---context-bytes and --json (docs/architecture.md's estimate contract: `--new-tokens K`, `--lora-r R`, one
+--context-bytes, --[no-]replay and --json (docs/architecture.md's estimate contract: `--new-tokens K`, `--lora-r R`, one
 value each). Values stay strings for argparse, so every bad one is a one-line UsageError naming its
 option (exit 2), the same in both commands.
 """
@@ -19,7 +19,7 @@ DEFAULT_LORA_R = 16
 
 
 def add_shared_options(parser: argparse.ArgumentParser, *, precision_help: str, budget_help: str,
-                       config_repeats: bool = False) -> None:
+                       replay_help: str, config_repeats: bool = False) -> None:
     """Declare the shared options on one command's parser; the two help texts differ by command.
     `config_repeats`: --config may be given more than once (a list; plan's two models on one card)."""
     parser.add_argument("--config", required=True, metavar="DIR|config.json|NAME",
@@ -44,6 +44,9 @@ def add_shared_options(parser: argparse.ArgumentParser, *, precision_help: str, 
     parser.add_argument("--context-bytes", default=None,
                         help="CUDA context + driver reservation the card loses "
                              f"(default {format_size(DEFAULT_CONTEXT_BYTES).replace(' ', '')})")
+    parser.add_argument("--replay", action=argparse.BooleanOptionalAction, default=None,
+                        help=replay_help + " (harness.memory.step_trace: nf4-dq / fp4-dq QLoRA, traced on the meta "
+                                           "device, about 10 s a setting; needs transformers, peft and bitsandbytes)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 

@@ -16,6 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shared_options(parser, precision_help="comma list (default: all; --offload: bf16; two --config: one "
                                               "precision, or one per model, default nf4-dq)",
                        budget_help="VRAM of the card, e.g. 6GiB or 8GB (required unless --engine vllm)",
+                       replay_help="--train: find the nf4-dq / fp4-dq limits by replaying torch's caching allocator "
+                                   "on traced steps around the reserve rule's answer (default: on with --train; "
+                                   "--no-replay answers by the reserve rule alone, at once)",
                        config_repeats=True)
     parser.add_argument("--turn-tokens", type=int, default=256,
                         help="two --config: prompt tokens a conversation turn adds (plus --new-tokens generated)")
@@ -61,11 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if len(configs) > 2:
         raise UsageError(f"--config: given {len(configs)} times; plan takes one model, or two sharing a card")
     if len(configs) == 2:
-        if args.engine == "vllm" or args.offload:
-            raise UsageError("two --config plan a shared card; --engine vllm and --offload take one model")
-        from . import plan_two
-
-        return plan_two.run(args, configs)
+        return _two_models(args, configs)
     args.config = configs[0]
     if args.engine == "vllm":
         return plan_vllm.run(args)
@@ -83,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--headroom: {args.headroom} must be in [0, 1)")
     if args.batch_seq_len < 1:
         raise UsageError(f"--batch-seq-len: {args.batch_seq_len} is out of range")
+    if args.replay and not args.train:
+        raise UsageError("--replay replays training steps: add --train")
     shape = E.model_shape(args.config)
     # a GGUF file brings its own precision ("gguf": its tensors as stored), planned first
     own = E.FILE_PRECISIONS if shape.stored_weights is not None and not args.train else ()
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
                    headroom=headroom, new_tokens=opts.new_tokens, reference_seq_len=args.batch_seq_len,
                    lora_r=opts.lora_r, max_seq_len=limit.tokens, limit_source=limit.source,
                    lora_targets=targets, grad_checkpointing=opts.grad_checkpointing, optimizer=opts.optimizer)
+    if args.train and args.replay is not False:
+        plans = _replayed(plans, shape, args.config, opts, limit)
     offload = _offload(args, opts, B.default_headroom("generate") if args.headroom is None
                        else args.headroom, precisions) if args.offload else None
     advice = _train_advice(shape, plans, opts, budget, context, headroom, args.batch_seq_len, limit.tokens) if args.train else {}
@@ -120,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"budget {format_size(budget)}, CUDA context {format_size(context)}, headroom {headroom:.1%}, "
           f"model limit {limit.tokens or '-'} tokens, mode {recipe}")
     _print_plans(plans, min(args.batch_seq_len, limit.tokens or args.batch_seq_len))
+    _print_replayed(plans)
     if not verified["verified"]:
         print(f"note: {verified['note']}; computed through {verified['path']}.")
     _print_advice(plans, advice)
@@ -128,6 +132,70 @@ def run(args: argparse.Namespace) -> int:
         if _moe_note(shape):
             print(f"  {_moe_note(shape)}")
     return 0
+
+
+def _two_models(args: argparse.Namespace, configs: list) -> int:
+    from ..errors import UsageError
+    from . import plan_two
+
+    if args.engine == "vllm" or args.offload:
+        raise UsageError("two --config plan a shared card; --engine vllm and --offload take one model")
+    if args.replay:
+        raise UsageError("two --config plan a shared card by the estimate; --replay replays one model's training")
+    return plan_two.run(args, configs)
+
+
+def _replayed(plans, shape, spec, opts: SharedOptions, limit) -> list:
+    """The plans of the traced precisions with their limits replayed on torch's caching allocator
+    (harness.memory.replay_limits); the others as the reserve rule left them, `replay` saying why:
+    "skipped" (a precision the replay does not trace, weights that do not fit) or "error"."""
+    from dataclasses import replace
+
+    from ..errors import UnsupportedError
+    from ..memory import budget as B
+    from ..memory.estimate import Query
+    from ..memory.replay_limits import StepReplayer, replay_plan, replay_unavailable
+    from ..memory.shape import load_config
+    from ..memory.step_trace import TRACED_PRECISIONS
+
+    say = lambda msg: print(f"replay {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    replayer, out = None, []
+    hi = limit.tokens or B.UNSTATED_LIMIT
+    for p in plans:
+        if p.precision not in TRACED_PRECISIONS:
+            out.append(replace(p, replay={"skipped": f"the replay traces {' and '.join(TRACED_PRECISIONS)} only"}))
+            continue
+        if not B.fits(p.weights_bytes, opts.budget_bytes, opts.context_bytes, p.headroom):
+            out.append(replace(p, replay={"skipped": "the weights alone do not fit"}))
+            continue
+        try:
+            if replayer is None:  # nf4-dq and fp4-dq allocate alike: one replayer, its traces shared
+                missing = replay_unavailable()
+                if missing:
+                    raise UnsupportedError(missing)
+                say(f"{p.precision}: tracing steps around the reserve rule's limits (about 10 s each)")
+                recipe = Query(p.precision, "train", lora_r=opts.lora_r, lora_targets=tuple(opts.lora_targets),
+                               grad_checkpointing=opts.grad_checkpointing, optimizer=opts.optimizer)
+                replayer = StepReplayer(load_config(spec)[0], shape, recipe, opts.budget_bytes, opts.context_bytes,
+                                        progress=say)
+            out.append(replay_plan(p, shape, replayer, lo_seq=min(16, hi), hi_seq=hi, max_batch=256,
+                                   limit_source=limit.source if limit.tokens else None))
+        except UnsupportedError as exc:
+            out.append(replace(p, replay={"error": str(exc)}))
+    return out
+
+
+def _print_replayed(plans) -> None:
+    replayed = [p for p in plans if p.limits_from == "replay"]
+    if replayed:
+        traced = {(q["seq_len"], q["batch"]) for p in replayed for axis in ("seq_len", "batch")
+                  for q in p.replay[axis]["points"]}
+        print(f"{', '.join(p.precision for p in replayed)}: limits replayed on torch's caching allocator "
+              f"({len(traced)} traced settings, REPLAY_MARGIN {replayed[0].replay['margin']:.1%}; "
+              "docs/vram.md, \"plan --train, replayed\"); the others by the reserve rule")
+    for p in plans:
+        if p.replay and "error" in p.replay:
+            print(f"note: {p.precision} not replayed, its limits are the reserve rule's: {p.replay['error']}")
 
 
 def verification_of(shape, mode: str) -> dict:
@@ -183,7 +251,8 @@ def _train_advice(shape, plans, opts: SharedOptions, budget: int, context: int, 
             continue
         q = Query(p.precision, "train", seq_len=seq, batch=1, lora_r=opts.lora_r, lora_targets=tuple(opts.lora_targets),
                   grad_checkpointing=opts.grad_checkpointing, optimizer=opts.optimizer)
-        out[p.precision] = train_advice(shape, q, budget, context, headroom)
+        out[p.precision] = train_advice(shape, q, budget, context, headroom,
+                                        p.max_seq_len or 0 if p.limits_from == "replay" else None)
     return out
 
 

@@ -71,23 +71,27 @@ def _longest_fitting(shape, q: Query, ok) -> int | None:
     return hi if ok(_planned(shape, replace(q, seq_len=hi))) else lo
 
 
-def candidate_changes(shape, q: Query, ok, headroom: float) -> list[Change]:
+def candidate_changes(shape, q: Query, ok, headroom: float, replayed_longest: int | None = None) -> list[Change]:
     """Every single change that applies to this run, with its planned bytes (what the default
-    allocator's `headroom` multiplies)."""
+    allocator's `headroom` multiplies). replayed_longest: the longest context at this batch that
+    fits replayed on the allocator (plan's replayed limit), taken over the estimate's."""
     est = estimate(shape, q)
     base = est.planned_bytes
     out: list[Change] = []
 
-    def add(name: str, planned: int, detail: str = "") -> None:
-        out.append(Change(name, planned, base - planned, ok(planned), detail))
+    def add(name: str, planned: int, detail: str = "", fit: bool | None = None) -> None:
+        out.append(Change(name, planned, base - planned, ok(planned) if fit is None else fit, detail))
 
-    seq = _longest_fitting(shape, q, ok)
-    if seq is not None:
+    if replayed_longest is None:
+        seq, how = _longest_fitting(shape, q, ok), ""
+    else:
+        seq, how = min(replayed_longest, q.seq_len - 1), ", replayed on torch's caching allocator"
+    if seq is not None and seq >= MIN_SEQ:
         add(f"shorter context: {seq} tokens", _planned(shape, replace(q, seq_len=seq)),
-            f"the longest that fits at batch {q.batch}")
+            f"the longest that fits at batch {q.batch}{how}", True)
     elif q.seq_len > MIN_SEQ:
         add(f"shorter context: {MIN_SEQ} tokens", _planned(shape, replace(q, seq_len=MIN_SEQ)),
-            "even the shortest context does not fit")
+            f"even the shortest context does not fit{how}", False)
     attention = _attention_targets(shape)
     if tuple(q.lora_targets) != attention:
         add(f"fewer LoRA targets: {','.join(attention)}", _planned(shape, replace(q, lora_targets=attention)))
@@ -110,19 +114,22 @@ def candidate_changes(shape, q: Query, ok, headroom: float) -> list[Change]:
     return out
 
 
-def train_advice(shape, q: Query, budget_bytes: int, context_bytes: int, headroom: float) -> TrainAdvice:
-    """What the run `q` needs against the card, the parts that stop it, and the changes."""
+def train_advice(shape, q: Query, budget_bytes: int, context_bytes: int, headroom: float,
+                 replayed_longest: int | None = None) -> TrainAdvice:
+    """What the run `q` needs against the card, the parts that stop it, and the changes.
+    replayed_longest: plan's replayed context limit at q.batch, which then decides whether q fits
+    and how short its context must be (the other changes stay estimated)."""
     ok = lambda planned: fits(planned, budget_bytes, context_bytes, headroom)  # noqa: E731
     est = estimate(shape, q)
     peak_parts = [p for p in parts(est, shape, 0) if p.component not in ("allocator reserve", "CUDA context")]
     top = sorted(peak_parts, key=lambda p: -p.bytes)[:3]
     advice = TrainAdvice(q.seq_len, q.batch, est.planned_bytes, usable_for_peak(budget_bytes, context_bytes, headroom),
-                         ok(est.planned_bytes),
+                         ok(est.planned_bytes) if replayed_longest is None else q.seq_len <= replayed_longest,
                          [{"component": p.component, "bytes": p.bytes, "share": round(p.bytes / max(est.peak_bytes, 1), 3)}
                           for p in top])
     if advice.fits:
         return advice
-    advice.changes = candidate_changes(shape, q, ok, headroom)
+    advice.changes = candidate_changes(shape, q, ok, headroom, replayed_longest)
     fitting = [c for c in advice.changes if c.fits]
     # the change that keeps most of the run: a fitting change other than cutting the context, if any
     keep = [c for c in fitting if not c.change.startswith("shorter context")] or fitting

@@ -236,6 +236,11 @@ class PrecisionPlan:
     # EXPANDABLE_TRAIN_RESERVE, budget.fits_expandable), None where not even that fits or not training
     max_seq_len_expandable: int | None = None
     max_batch_expandable: int | None = None
+    # training: "replay" where the limits were found by replaying torch's caching allocator on traced
+    # steps (harness.memory.replay_limits; `replay` holds the traced settings), else "reserve rule"
+    # (`replay` then says why not, when a replay was asked for)
+    limits_from: str = "reserve rule"
+    replay: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,173 @@
+"""plan --train's limits replayed on torch's caching allocator (harness.memory.replay_limits): the
+search closes in on the setting where the replay turns, in few traces, and the plan it answers is
+the one `estimate --replay` confirms setting by setting."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.memory.replay_limits import MAX_TRACES, ReplayPoint, largest_fitting
+
+REPO = Path(__file__).resolve().parents[1]
+MiB = 2**20
+
+
+def need_curve(base: int, per_unit: int, granule: int = 2 * MiB):
+    """A step's need as the allocator sees it: linear in tokens, in whole granules."""
+    return lambda n: -(-(base + per_unit * n) // granule) * granule
+
+
+class Traced:
+    """A probe over a need curve, fitting where the need is within target; counts its traces."""
+
+    def __init__(self, need, target: int, refuse: frozenset = frozenset()):
+        self.need, self.target, self.refuse, self.calls = need, target, refuse, []
+
+    def __call__(self, n: int) -> ReplayPoint:
+        self.calls.append(n)
+        need = self.need(n)
+        return ReplayPoint(n, 1, need <= self.target and n not in self.refuse, need, need, 0.0)
+
+
+def search(probe: Traced, start: int, lo: int = 16, hi: int = 32768, slope: float | None = None):
+    per_unit = (probe.need(2000) - probe.need(1000)) / 1000
+    return largest_fitting(probe, lambda p: p.seq_len, probe.target, start, lo, hi,
+                           per_unit if slope is None else slope)
+
+
+@pytest.mark.parametrize("start", [100, 1400, 1490, 1512, 1600, 3000])
+def test_the_search_lands_where_the_replay_turns_from_any_start(start):
+    need = need_curve(4 * 2**30, 700_000)
+    target = 5 * 2**30
+    probe = Traced(need, target)
+    value, closed = search(probe, start)
+    assert closed and need(value) <= target < need(value + 1)
+    assert value in probe.calls and value + 1 in probe.calls  # both sides traced, not inferred
+
+
+def test_a_start_near_the_answer_costs_a_handful_of_traces():
+    """The reserve rule's answer is within a few percent: the traced need steers to the line."""
+    need = need_curve(4 * 2**30, 700_000)
+    probe = Traced(need, 5 * 2**30)
+    search(probe, 1480)
+    assert len(probe.calls) <= 6, probe.calls
+
+
+def test_a_wrong_slope_still_closes_by_bisection():
+    need = need_curve(4 * 2**30, 700_000)
+    probe = Traced(need, 5 * 2**30)
+    value, closed = search(probe, 1400, slope=50 * 700_000)  # the estimate's slope 50x too steep
+    assert closed and need(value) <= probe.target < need(value + 1)
+    assert len(probe.calls) <= MAX_TRACES
+
+
+def test_the_ends_of_the_range():
+    need = need_curve(4 * 2**30, 700_000)
+    assert search(Traced(need, 64 * 2**30), 1000, hi=4096) == (4096, True)  # the model's limit stops it
+    assert search(Traced(need, 3 * 2**30), 1000) == (None, True)  # not even 16 tokens
+    assert search(Traced(need, 5 * 2**30), 10**6, hi=4096)[0] < 4096  # a start past the range is clamped
+
+
+def test_not_monotone_the_answer_is_a_traced_fit_with_a_traced_refusal_right_above():
+    """A refusal below settings that fit (a release before a retry changed the layout): the search
+    answers a fit next to a refusal it traced, never a setting it only inferred."""
+    need = need_curve(4 * 2**30, 700_000)
+    target = 5 * 2**30
+    turn = max(n for n in range(16, 5000) if need(n) <= target)
+    for odd, start in ((turn - 40, turn - 40), (turn - 1, turn - 60)):
+        probe = Traced(need, target, refuse=frozenset({odd}))
+        value, closed = search(probe, start)
+        assert closed and value + 1 in probe.calls and not probe(value + 1).fits
+        assert value in probe.calls and probe(value).fits and value <= turn
+
+
+def test_a_search_out_of_traces_answers_the_largest_fit_it_saw():
+    need = need_curve(4 * 2**30, 700_000)
+    probe = Traced(need, 5 * 2**30)
+    value, closed = largest_fitting(probe, lambda p: p.seq_len, probe.target, 16, 16, 32768, 1e12, max_traces=2)
+    assert not closed and value == max(n for n in probe.calls if need(n) <= probe.target)
+
+
+# A two-layer Llama with a 32k vocabulary: its trace takes a second or two, and the logits decide the
+# context, so the limit lands inside the model's 4096 tokens on a 1400 MiB card.
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 32000,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "rope_theta": 10000.0, "hidden_act": "silu"}
+
+
+def harness(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny") / "config.json"
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+def test_plan_train_replays_its_limits_and_estimate_replay_agrees(tiny_config):
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("peft")
+    card = ["--budget", "1400MiB", "--context-bytes", "400MiB"]
+    r = harness("plan", "--config", str(tiny_config), *card, "--train", "--precision", "nf4-dq,fp4-dq,bf16",
+                "--batch-seq-len", "1024", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    nf4, fp4, bf16 = json.loads(r.stdout)["plans"]
+    assert nf4["limits_from"] == fp4["limits_from"] == "replay" and bf16["limits_from"] == "reserve rule"
+    assert "traces nf4-dq and fp4-dq only" in bf16["replay"]["skipped"]
+    seq = nf4["max_seq_len"]
+    assert (seq, nf4["max_batch"]) == (fp4["max_seq_len"], fp4["max_batch"])  # they allocate alike
+    assert 16 < seq < 4096 and nf4["max_batch"] >= 1
+    points = {(p["seq_len"], p["fits"]) for p in nf4["replay"]["seq_len"]["points"]}
+    assert {(seq, True), (seq + 1, False)} <= points and nf4["replay"]["seq_len"]["closed"]
+    assert f"{seq + 1} tokens do not fit, replayed" in nf4["reason"]
+    assert "x 1: fits (traced need" in r.stderr  # progress while it traces
+    # each side of the limit, replayed on its own by estimate, says the same
+    est = harness("estimate", "--config", str(tiny_config), *card, "--mode", "train", "--precision", "nf4-dq",
+                  "--seq-len", f"{seq},{seq + 1}", "--replay", "--json")
+    assert est.returncode == 0, est.stderr[-2000:]
+    assert [row["replay"]["fits"] for row in json.loads(est.stdout)] == [True, False]
+    # the batch at 1024 tokens: the largest that fits, one more refused
+    batch = nf4["max_batch"]
+    est = harness("estimate", "--config", str(tiny_config), *card, "--mode", "train", "--precision", "nf4-dq",
+                  "--seq-len", "1024", "--batch", f"{batch},{batch + 1}", "--replay", "--json")
+    assert [row["replay"]["fits"] for row in json.loads(est.stdout)] == [True, False]
+
+
+def test_no_replay_answers_by_the_reserve_rule_at_once(tiny_config):
+    r = harness("plan", "--config", str(tiny_config), "--budget", "1400MiB", "--train", "--no-replay",
+                "--precision", "nf4-dq", "--json")
+    assert r.returncode == 0 and "replay" not in r.stderr
+    (plan,) = json.loads(r.stdout)["plans"]
+    assert plan["limits_from"] == "reserve rule" and plan["replay"] is None
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--replay"], "--replay replays training steps: add --train"),
+    (["--train", "--replay", "--config", "qwen2.5-0.5b"], "--replay replays one model's training"),
+])
+def test_replay_where_it_has_nothing_to_replay_is_a_usage_error(args, needle):
+    r = harness("plan", "--config", "qwen2.5-1.5b", "--budget", "6GiB", *args)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_machine_that_cannot_trace_gets_the_reserve_rule_and_says_why(tiny_config, tmp_path):
+    """A bitsandbytes that fails to import (no CUDA library, a broken wheel): the plan still
+    answers, by the reserve rule, and says why it did not replay."""
+    broken = tmp_path / "site" / "bitsandbytes"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('libbitsandbytes_cpu.so: cannot open shared object file')\n")
+    env = {**__import__("os").environ, "PYTHONPATH": f"{broken.parent}:{REPO}"}
+    args = [sys.executable, "-m", "harness", "plan", "--config", str(tiny_config), "--budget", "1400MiB", "--train",
+            "--precision", "nf4-dq"]
+    r = subprocess.run([*args, "--json"], capture_output=True, text=True, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (plan,) = json.loads(r.stdout)["plans"]
+    assert plan["limits_from"] == "reserve rule" and "libbitsandbytes_cpu.so" in plan["replay"]["error"]
+    r = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env)
+    assert "note: nf4-dq not replayed, its limits are the reserve rule's: the replay needs bitsandbytes" in r.stdout
