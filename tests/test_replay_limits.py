@@ -171,3 +171,20 @@ def test_a_machine_that_cannot_trace_gets_the_reserve_rule_and_says_why(tiny_con
     assert plan["limits_from"] == "reserve rule" and "libbitsandbytes_cpu.so" in plan["replay"]["error"]
     r = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env)
     assert "note: nf4-dq not replayed, its limits are the reserve rule's: the replay needs bitsandbytes" in r.stdout
+
+
+def test_a_model_the_tracer_cannot_step_keeps_the_reserve_rule_with_the_reason():
+    """Qwen3-30B-A3B's experts are 3-D parameters peft wraps with ParamWrapper, which refuses LoRA
+    dropout: the trace fails inside peft. plan still answers (the reserve rule, and why), estimate
+    --replay says so in its row; neither prints a traceback."""
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("peft")
+    card = ["--config", "qwen3-30b-a3b", "--budget", "100GiB", "--precision", "nf4-dq"]  # its experts stay bf16
+    r = harness("plan", *card, "--train", "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    (plan,) = json.loads(r.stdout)["plans"]
+    assert plan["limits_from"] == "reserve rule" and plan["reason"].startswith("the weights fit")
+    assert plan["replay"]["error"].startswith("the step could not be traced: ValueError: ")
+    est = harness("estimate", *card, "--mode", "train", "--seq-len", "256", "--replay", "--json")
+    assert est.returncode == 0 and "Traceback" not in est.stderr
+    assert "could not be traced" in json.loads(est.stdout)[0]["replay"]["error"]

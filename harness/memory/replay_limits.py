@@ -20,7 +20,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
-from ..errors import UnsupportedError
+from ..errors import UnsupportedError, one_line
 from .step_trace import REPLAY_MARGIN
 
 # A search that has not closed in after this many traces answers the largest setting it saw fit
@@ -93,6 +93,11 @@ class StepReplayer:
                 trace = trace_training_step(self.config, query, self.attention, progress=say)
         except ImportError as exc:
             raise UnsupportedError(f"the replay needs transformers and peft: {exc}") from None
+        except UnsupportedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a model the meta-device run cannot step: said, not raised
+            raise UnsupportedError(f"the step could not be traced: {type(exc).__name__}: "
+                                   f"{one_line(str(exc))[:300]}") from None
         v = replay_verdict(trace, self.budget_bytes, self.context_bytes, self.margin)
         point = ReplayPoint(seq_len, batch, v.fits, v.need_bytes, v.traced_peak_bytes, round(time.perf_counter() - t0, 1))
         self._say(f"{seq_len} x {batch}: {'fits' if v.fits else 'does not fit'} (traced need "
