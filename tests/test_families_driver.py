@@ -137,11 +137,15 @@ def test_the_fresh_set_checks_new_settings_on_both_sides_of_the_verdict(driver):
     assert cases[2].arch == "mistral-7b-v0.3" and len({j["name"] for j in jobs}) == len(jobs)
 
 
-def test_the_planlimit_set_runs_each_replayed_limit_and_one_percent_past_it(driver):
+def test_the_planlimit_set_runs_each_replayed_limit_and_one_percent_past_it(driver, monkeypatch):
     """--set planlimit (the nineteenth run): per recipe of plan-limit-cases.json, batch 1 at plan
-    --train's replayed limit and at the first length ~1% of the step past it, each family's recipes
-    never run at batch 1 before, Mistral's first."""
+    --train's replayed limit and at the first length ~1% of the step past it, Mistral's first; the
+    recipes are the ones plan_limit_cases.py draws from its seed, none run at batch 1 before."""
     import json
+    import random
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "vram"))
+    import plan_limit_cases
 
     rows = json.loads(driver.PLAN_LIMIT_CASES.read_text())["cases"]
     cases = [TrainCase(**j["case"]) for j in driver.plan_limit_jobs()]
@@ -154,3 +158,5 @@ def test_the_planlimit_set_runs_each_replayed_limit_and_one_percent_past_it(driv
                       == (r["arch"], r["targets"], r["lora_r"], r["optimizer"]))
         assert mine == [r["limit"], r["past"]]
     assert cases[0].arch == "mistral-7b-v0.3" and len({c.key for c in cases}) == len(cases)
+    drawn = plan_limit_cases.recipes(random.Random(plan_limit_cases.PLANLIMIT_SEED), plan_limit_cases.committed())
+    assert drawn == [{k: r[k] for k in drawn[0]} for r in rows]

@@ -54,6 +54,19 @@ def recipes(rng: random.Random, seen: set[tuple]) -> list[dict]:
     return out
 
 
+def committed() -> set[tuple]:
+    """The settings of every training row committed before the nineteenth run: the families runs
+    and the truth runs, and the sixteenth to eighteenth runs (outside families_truth.FAMILIES_DIRS)."""
+    from families import committed_settings, setting
+
+    from harness.memory import families_truth as T
+
+    seen = committed_settings(len(T.FAMILIES_DIRS), truth=True)
+    for d in ("measured-families-16", "measured-families-17", "measured-families-18"):
+        seen |= {setting(r) for r in T.load_rows(Path(__file__).parent / d)["train"]}
+    return seen
+
+
 def limit_of(recipe: dict) -> dict:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -92,14 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "vram" / "plan-limit-cases.json")
     args = ap.parse_args(argv)
-    from families import committed_settings, setting
-
-    from harness.memory import families_truth as T
-
-    seen = committed_settings(len(T.FAMILIES_DIRS), truth=True)
-    for d in ("measured-families-16", "measured-families-17", "measured-families-18"):
-        seen |= {setting(r) for r in T.load_rows(Path(__file__).parent / d)["train"]}
-    todo = recipes(random.Random(PLANLIMIT_SEED), seen)
+    todo = recipes(random.Random(PLANLIMIT_SEED), committed())
     rows = []
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         for row in pool.imap(limit_of, todo):
