@@ -19,6 +19,32 @@ def case_key(row: dict, run: str) -> str:
                                               "optimizer")) + f"|{run}"
 
 
+def replayed_limit_of(r: dict, axis: str):
+    """(plan, shape, recipe, found): plan --train's reserve-rule plan and its `axis` limit replayed
+    for a families row's recipe (arch, targets, lora_r, grad_checkpointing, optimizer, precision,
+    budget_bytes, context_bytes, seq_len as --batch-seq-len; the attention as its transformers ran it)."""
+    from harness.memory import budget as B
+    from harness.memory.estimate import Query
+    from harness.memory.families import at_transformers
+    from harness.memory.replay_limits import StepReplayer, limit_search
+    from harness.memory.shape import load_config, model_shape
+    from harness.memory.train_matrix import FAMILY_TARGET_SETS
+
+    config = load_config(r["arch"])[0]
+    shape = at_transformers(model_shape(r["arch"]), r.get("transformers"))
+    recipe = Query(r["precision"], "train", lora_r=r["lora_r"], lora_targets=FAMILY_TARGET_SETS[r["targets"]],
+                   grad_checkpointing=r["grad_checkpointing"], optimizer=r["optimizer"])
+    limit = B.context_limit(config)
+    (plan,) = B.plan(shape, r["budget_bytes"], train=True, precisions=(r["precision"],),
+                     context_bytes=r["context_bytes"], reference_seq_len=r["seq_len"], lora_r=recipe.lora_r,
+                     lora_targets=recipe.lora_targets, grad_checkpointing=recipe.grad_checkpointing,
+                     optimizer=recipe.optimizer, max_seq_len=limit.tokens)
+    replayer = StepReplayer(config, shape, recipe, r["budget_bytes"], r["context_bytes"], transformers=r.get("transformers"))
+    found = limit_search(plan, shape, replayer, axis, lo_seq=B.TRAIN_MIN_SEQ, hi_seq=limit.tokens or B.UNSTATED_LIMIT,
+                         max_batch=256)
+    return plan, shape, recipe, found
+
+
 def rows_done(out: Path, field: str) -> dict[str, dict]:
     """The rows of a previous run that got `field` (not an error), by key."""
     rows = json.loads(out.read_text())["rows"] if out.is_file() else []

@@ -20,7 +20,7 @@ import multiprocessing
 import random
 import sys
 import warnings
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,29 +70,17 @@ def committed() -> set[tuple]:
 def limit_of(recipe: dict) -> dict:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+    from case_pool import replayed_limit_of
     from families import BUDGET
 
-    from harness.memory import budget as B
-    from harness.memory.estimate import Query, estimate
-    from harness.memory.families import at_transformers
-    from harness.memory.replay_limits import StepReplayer, limit_search
-    from harness.memory.shape import load_config, model_shape
-    from harness.memory.train_matrix import FAMILY_TARGET_SETS
+    from harness.memory.estimate import estimate
 
-    config = load_config(recipe["arch"])[0]
-    shape = at_transformers(model_shape(recipe["arch"]), TRANSFORMERS)
-    q = Query("nf4-dq", "train", lora_r=recipe["lora_r"], lora_targets=FAMILY_TARGET_SETS[recipe["targets"]],
-              grad_checkpointing=recipe["grad_checkpointing"], optimizer=recipe["optimizer"])
-    limit = B.context_limit(config)
-    (plan,) = B.plan(shape, BUDGET, train=True, precisions=("nf4-dq",), context_bytes=CONTEXT_BYTES,
-                     lora_r=q.lora_r, lora_targets=q.lora_targets, grad_checkpointing=q.grad_checkpointing,
-                     optimizer=q.optimizer, max_seq_len=limit.tokens)
-    replayer = StepReplayer(config, shape, q, BUDGET, CONTEXT_BYTES, transformers=TRANSFORMERS)
-    found = limit_search(plan, shape, replayer, "seq_len", lo_seq=16, hi_seq=limit.tokens or B.UNSTATED_LIMIT,
-                         max_batch=256)
+    row = dict(recipe, precision="nf4-dq", budget_bytes=BUDGET, context_bytes=CONTEXT_BYTES, seq_len=2048,
+               transformers=TRANSFORMERS)
+    plan, shape, q, found = replayed_limit_of(row, "seq_len")
     out = dict(recipe, limit=found.value, closed=found.closed, reserve_rule=plan.max_seq_len, traces=len(found.points))
     if found.value:
-        planned = lambda s: estimate(shape, Query(**{**asdict(q), "seq_len": s})).planned_bytes  # noqa: E731
+        planned = lambda s: estimate(shape, replace(q, seq_len=s)).planned_bytes  # noqa: E731
         past = found.value + 1
         while planned(past) < (1 + PAST) * planned(found.value):
             past += 1

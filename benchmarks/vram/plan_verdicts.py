@@ -24,38 +24,20 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from case_pool import case_key, rows_done, work_through  # noqa: E402
+from case_pool import case_key, replayed_limit_of, rows_done, work_through  # noqa: E402
 
 
 def _plan_case(args: tuple) -> dict:
     key, run, r, fits = args
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    from harness.memory import budget as B
-    from harness.memory.estimate import Query
-    from harness.memory.families import at_transformers
-    from harness.memory.replay_limits import StepReplayer, limit_search
-    from harness.memory.shape import load_config, model_shape
-    from harness.memory.train_matrix import FAMILY_TARGET_SETS
-
     t0 = time.perf_counter()
-    config = load_config(r["arch"])[0]
-    shape = at_transformers(model_shape(r["arch"]), r.get("transformers"))
-    targets = FAMILY_TARGET_SETS[r["targets"]]
-    limit = B.context_limit(config)
-    (plan,) = B.plan(shape, r["budget_bytes"], train=True, precisions=(r["precision"],), context_bytes=r["context_bytes"],
-                     reference_seq_len=r["seq_len"], lora_r=r["lora_r"], lora_targets=targets,
-                     grad_checkpointing=r["grad_checkpointing"], optimizer=r["optimizer"], max_seq_len=limit.tokens)
-    recipe = Query(r["precision"], "train", lora_r=r["lora_r"], lora_targets=targets,
-                   grad_checkpointing=r["grad_checkpointing"], optimizer=r["optimizer"])
-    replayer = StepReplayer(config, shape, recipe, r["budget_bytes"], r["context_bytes"], transformers=r.get("transformers"))
     axis, value = ("seq_len", r["seq_len"]) if r["batch"] == 1 else ("batch", r["batch"])
-    reserve = plan.max_seq_len if axis == "seq_len" else plan.max_batch
     try:
-        found = limit_search(plan, shape, replayer, axis, lo_seq=16, hi_seq=limit.tokens or B.UNSTATED_LIMIT,
-                             max_batch=256)
+        plan, _, _, found = replayed_limit_of(r, axis)
     except Exception as exc:  # noqa: BLE001 - the row says why; the others go on
         return {"key": key, "run": run, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    reserve = plan.max_seq_len if axis == "seq_len" else plan.max_batch
     return {"key": key, "run": run, "fits": fits, "axis": axis, "value": value,
             "replayed_limit": found.value, "closed": found.closed, "traces": len(found.points),
             "plan_fits": found.value is not None and value <= found.value,

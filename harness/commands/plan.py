@@ -178,7 +178,7 @@ def _replayed(plans, shape, spec, opts: SharedOptions, limit) -> list:
                                grad_checkpointing=opts.grad_checkpointing, optimizer=opts.optimizer)
                 replayer = StepReplayer(load_config(spec)[0], shape, recipe, opts.budget_bytes, opts.context_bytes,
                                         progress=say)
-            out.append(replay_plan(p, shape, replayer, lo_seq=min(16, hi), hi_seq=hi, max_batch=256,
+            out.append(replay_plan(p, shape, replayer, lo_seq=min(B.TRAIN_MIN_SEQ, hi), hi_seq=hi, max_batch=256,
                                    limit_source=limit.source if limit.tokens else None))
         except UnsupportedError as exc:
             out.append(replace(p, replay={"error": str(exc)}))

@@ -262,6 +262,7 @@ def _largest(ok, lo: int, hi: int) -> int | None:
 
 
 UNSTATED_LIMIT = 131072  # searched up to when a config states no context limit
+TRAIN_MIN_SEQ = 16  # the shortest training context the search tries
 
 
 def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=PRECISIONS,
@@ -304,7 +305,7 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
         w = weight_bytes(shape, p)
         ok_seq = lambda s: fits(peak(s, 1), budget_bytes, context_bytes, headroom)  # noqa: E731
         ok_batch = lambda b: fits(peak(ref, b), budget_bytes, context_bytes, headroom)  # noqa: E731
-        lo_seq = min(new_tokens + 1 if not train else 16, limit)
+        lo_seq = min(new_tokens + 1 if not train else TRAIN_MIN_SEQ, limit)
         best_seq = _largest(ok_seq, lo_seq, limit)
         best_batch = _largest(ok_batch, 1, max_batch)
         common = dict(context_limit=max_seq_len, headroom=headroom)
