@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import hardware, oom, stack, training, vllm
 from .model import Context, Explanation, Finding
-from .text import Log
+from .text import Log, condense
 
 RECOGNISERS = (*vllm.RECOGNISERS, oom.recognise_cuda_oom, oom.recognise_host_oom, *stack.RECOGNISERS,
                *hardware.RECOGNISERS, *training.RECOGNISERS)
@@ -19,7 +19,7 @@ NOT_RECOGNISED = ("no known failure pattern in this text (CUDA/host OOM, driver/
 
 def findings(text: str, ctx: Context | None = None) -> list[Finding]:
     ctx = ctx or Context()
-    log = Log.of(text)
+    log = Log.of(condense(text))
     found: list[Finding] = []
     for recognise in RECOGNISERS:
         found.extend(recognise(log, ctx))

@@ -112,3 +112,38 @@ def gib(n: int | float | None) -> str:
     if abs(n) < 1024**3:
         return f"{n / 1024**2:.0f} MiB"
     return f"{n / 1024**3:.2f} GiB"
+
+
+WHOLE_TAIL = 256 * 1024  # a long log's last 256 KiB is read whole; before it, only lines that can matter
+_KEEP = ("error", "warn", "fail", "exception", "traceback", "raise", "abort", "assert", "fatal", "critical", "kill",
+         "oom", "memory", "cuda", "nccl", "xid", "nvrm", "gpu", "nan", ": inf", "=inf", "= inf", "fault", "denied", "refused", "cannot",
+         "can't", "unable", "invalid", "mismatch", "missing", "not found", "not supported", "not compatible",
+         "unsupported", "no such", "no module", "no kernel", "no available", "version", "driver", "capacity",
+         "allocate", "utiliz", "max_model_len", "max seq", "batch_size", "seq_len", "max_length", "dtype", "fp16",
+         "bf16", "float16", "quantiz", "tokenizer", "template", "lora", "peft", "target_modules", "gguf", "llama",
+         "ollama", "vllm", "engine", "timeout", "timed out", "signal", "exit")
+
+
+def condense(raw: str) -> str:
+    """A long log (> 1 MiB) without its routine lines: the last WHOLE_TAIL characters whole, and
+    before them only the lines a recogniser could read (an error word, a figure it uses). A
+    200 MB training log is mostly progress and loss lines; this keeps explain's time bounded."""
+    if len(raw) <= 1024**2:
+        return raw
+    head, tail = raw[:-WHOLE_TAIL], raw[-WHOLE_TAIL:]
+    lower = head.lower()  # str.find per keyword: much faster than one case-insensitive alternation
+    starts: set[int] = set()
+    for word in _KEEP:
+        at = lower.find(word)
+        while at >= 0:
+            start = lower.rfind("\n", 0, at) + 1
+            starts.add(start)
+            end = lower.find("\n", at)
+            if end < 0:
+                break
+            at = lower.find(word, end)
+    kept = []
+    for start in sorted(starts):
+        end = head.find("\n", start)
+        kept.append(head[start:end if end >= 0 else len(head)])
+    return "\n".join(kept) + "\n" + tail
