@@ -139,13 +139,14 @@ def vram_boundary_inline() -> str:
 
 @functools.cache
 def _families():
+    import measurements
     from harness.memory import families_truth as T
 
-    return T, T.evaluate_families()
+    return T, T.evaluate_families(measurements.families_runs())
 
 
 def vram_families() -> str:
-    """Issue 27: per family, the estimator's error on the committed H200 rows (benchmarks/vram/measured-families/)."""
+    """Issue 27: per family, the estimator's error on the committed H200 rows (measurements/vram/families/)."""
     T, s = _families()
     rows = []
     for arch in sorted(set(s.inference) | set(s.train_gc) | set(s.train_nogc)):

@@ -110,9 +110,10 @@ def _archs_with_rows(pattern: str, mode: str | None) -> set[str]:
 
 
 def test_the_verified_table_is_backed_by_committed_gpu_rows():
+    import measurements
     from harness.memory.families_truth import load_rows
 
-    family_rows = load_rows()  # the issue-27 run, once committed
+    family_rows = load_rows(measurements.families_runs())
     inference = (_archs_with_rows("matrix/rows-*.json", "prefill") | _archs_with_rows("holdout/rows-*.json", "prefill")
                  | {r["arch"] for r in family_rows["infer"]})
     training = _archs_with_rows("truth/train_rows.json", None) | {r["arch"] for r in family_rows["train"] if r.get("peak_bytes")}

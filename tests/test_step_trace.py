@@ -1,6 +1,6 @@
 """The allocator replayed on recorded H200 histories reproduces their OOMs under the 6 GiB cap, and a
 step traced on the meta device (harness.memory.step_trace) lays its allocations the way the H200's
-history did (benchmarks/vram/measured-families-14 to -17)."""
+history did (measurements/vram/families/run-14 to run-17)."""
 
 import gzip
 import json
@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import measurements
 import pytest
 
 from harness.errors import UnsupportedError
@@ -16,20 +17,20 @@ from harness.memory.estimate import Query
 from harness.memory.shape import load_config
 
 REPO = Path(__file__).resolve().parents[1]
-ROOT = REPO / "benchmarks" / "vram"
-ROWS = {14: ROOT / "measured-families-14" / "families-out" / "rows",
-        15: ROOT / "measured-families-15" / "families-out" / "rows",
-        16: ROOT / "measured-families-16" / "families-out" / "rows",
-        17: ROOT / "measured-families-17" / "families-out" / "rows"}
+
+
+def rows_dir(run: int) -> Path:
+    return measurements.unpacked(f"vram/families/run-{run:02d}") / "families-out" / "rows"
+
 CAP = 6 * 2**30 - 639631360  # the rows' budget less their measured CUDA context
 
 
 def history(run: int, name: str) -> list:
-    return json.loads(gzip.decompress((ROWS[run] / f"{name}.trace.json.gz").read_bytes()))
+    return json.loads(gzip.decompress((rows_dir(run) / f"{name}.trace.json.gz").read_bytes()))
 
 
 def row(run: int, name: str) -> dict:
-    return json.loads((ROWS[run] / f"{name}.json").read_text())
+    return json.loads((rows_dir(run) / f"{name}.json").read_text())
 
 
 PHI = "002-snapshot-train-phi-4-mini-all-r32-b1-s128-adamw_torch-uncapped"
@@ -65,7 +66,7 @@ def test_the_replayed_allocator_runs_out_where_the_capped_run_did(run, name, whe
 
 def test_the_replay_separates_two_mistral_steps_a_reserve_rule_could_not():
     """Both within 1% of the line: the history that ran out needs more than the cap, the one that
-    fitted less (the runs' verdicts, measured-families-3 and -2)."""
+    fitted less (the runs' verdicts, run-03 and -2)."""
     need = {name: smallest_cap(events_from_history(history(15, name))) / CAP - 1 for name in (MISTRAL_OOM, MISTRAL_FIT)}
     assert 0 < need[MISTRAL_OOM] < 0.01
     assert -0.01 < need[MISTRAL_FIT] < 0

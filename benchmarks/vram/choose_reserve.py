@@ -1,6 +1,6 @@
 """Choose the training reserve (estimate.RESERVE_FRACTION["train"] and estimate.REALLOCATED_HOLES)
 from every committed plan --train boundary case: the two truth runs (suites/vram/measured/truth/)
-and the families runs (families_truth.FAMILIES_DIRS), each a real OOM or not under an emulated
+and the families runs (measurements.families_runs()), each a real OOM or not under an emulated
 6 GiB card with torch's default caching allocator. With `--allocator expandable`, the reserve of
 the verdict with expandable segments (budget.EXPANDABLE_TRAIN_RESERVE) from every capped run made
 with them.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import measurements  # noqa: E402
 from harness.memory import estimate as E  # noqa: E402
 from harness.memory import families_truth as T  # noqa: E402
 from harness.memory.families import at_transformers  # noqa: E402
@@ -60,11 +62,12 @@ class Case:
 def boundary_cases(family_runs: int | None = None, expandable: bool = False, run_dirs: tuple = ()) -> list[Case]:
     """The capped cases: boundary rows with the default allocator, or every capped row run with
     expandable segments (the fifth run's misses and the seventh's refusals again, the eighth run).
-    run_dirs: those runs' directories (measured-families-N) only, instead of the committed ones."""
+    run_dirs: those runs only (a directory, an archive or a name such as vram/families/run-18),
+    instead of the committed ones."""
     rows = [] if expandable or run_dirs else [dict(r, _run=r["run"]) for r in load_truth()[0]]
-    dirs = T.FAMILIES_DIRS[:family_runs] if family_runs else T.FAMILIES_DIRS
-    labelled = ([(f"families-{Path(d).name.rpartition('-')[2]}", Path(d)) for d in run_dirs] if run_dirs
-                else [(f"families-{i}", d) for i, d in enumerate(dirs, 1)])
+    dirs = measurements.families_runs()[:family_runs] if family_runs else measurements.families_runs()
+    labelled = ([(f"families-{int(re.findall(r'[0-9]+', Path(d).name)[-1])}", measurements.run_dir(d))
+                 for d in run_dirs] if run_dirs else [(f"families-{i}", d) for i, d in enumerate(dirs, 1)])
     for label, d in labelled:
         rows += [dict(r, _run=label) for r in T.load_rows(d)["train"]]
     shapes: dict = {}

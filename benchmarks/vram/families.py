@@ -17,34 +17,34 @@ Held out of any fit (never used to choose a coefficient): qwen3-1.7b and phi-4-m
 run's mistral-7b-v0.3 and qwen3-30b-a3b (FIT_EXCLUDED).
 
 `--set` (default: $FAMILIES_SET, else "issue27") picks the job set: "issue27", the first run above;
-"mistral-moe", the second (benchmarks/vram/measured-families-2/): Mistral-7B v0.3's QLoRA training
+"mistral-moe", the second (measurements/vram/families/run-02): Mistral-7B v0.3's QLoRA training
 matrix with >= 12 plan --train 6 GiB boundary cases interleaved, Qwen3-30B-A3B's bf16 inference on
 the whole GPU (prefill and generate, built on the GPU by harness.memory.moe_case: no 61 GB
 checkpoint) and its `plan --offload` placement run for real under a 6 GiB cap (weights of the
 offloaded layers in host RAM), then Mistral's inference at bf16 and nf4-dq. The MoE cases start
 while Mistral's random checkpoint is still being saved. "fresh", the third
-(benchmarks/vram/measured-families-3/): out-of-sample checks of the recomputed-layer model
+(measurements/vram/families/run-03): out-of-sample checks of the recomputed-layer model
 (harness/memory/recompute.py): two Mistral-7B steps with the allocator's history (the largest
 blocks at the peak), its checkpointed batch-2 QLoRA steps at new lengths and ranks, and 30 plan --train boundary cases under the 6 GiB card (6 per family: Mistral-7B, Gemma-2,
 Gemma-3, Qwen3, Phi-4-mini; half predicted to fit, within 12% of the verdict), none at a setting a
-committed row ran. "reserve", the fourth (benchmarks/vram/measured-families-4/): 36 fresh boundary
+committed row ran. "reserve", the fourth (measurements/vram/families/run-04): 36 fresh boundary
 cases for the training reserve of estimate.REALLOCATED_HOLES (reserve_jobs); "reserve2", the fifth
-(measured-families-5/): 36 more, drawn after the reserve was chosen again over all 186 committed
-cases; "diagnose5", the sixth (measured-families-6/): the fifth run's four predicted fits that ran
+(run-05): 36 more, drawn after the reserve was chosen again over all 186 committed
+cases; "diagnose5", the sixth (run-06): the fifth run's four predicted fits that ran
 out, again capped (the allocator's counters at the OOM), capped with expandable segments, and
 uncapped, with phi-4-mini's all-linear ranks (diagnose_jobs); "reserve3", the seventh
-(measured-families-7/): 36 fresh boundary cases for the reserve with the upcast's hole, then each
-refusal again with expandable segments; "expandable", the eighth (measured-families-8/): 36 fresh
+(run-07): 36 fresh boundary cases for the reserve with the upcast's hole, then each
+refusal again with expandable segments; "expandable", the eighth (run-08): 36 fresh
 boundary cases of the verdict with expandable segments, run with them (expandable_jobs); "under",
-the ninth (measured-families-9/): the steps whose peak the estimate puts 2-3% low, recorded with
-the allocator's history (under_jobs); "again", the tenth (measured-families-10/): 36 more fresh
+the ninth (run-09): the steps whose peak the estimate puts 2-3% low, recorded with
+the allocator's history (under_jobs); "again", the tenth (run-10): 36 more fresh
 boundary cases of each verdict, nothing changed (again_jobs); "under2", the eleventh
-(measured-families-11/): the ninth run's steps and the expandable verdict's one false fit, recorded
+(run-11): the ninth run's steps and the expandable verdict's one false fit, recorded
 again with every allocation live at the peak grouped by the stack that made it (snapshot.peak_groups);
-"again2", the twelfth (measured-families-12/): 36 fresh boundary cases of each verdict after the
+"again2", the twelfth (run-12): 36 fresh boundary cases of each verdict after the
 recomputed layer's peak gained what those snapshots showed (again_jobs); "again3", the thirteenth
-(measured-families-13/): 36 more of each, nothing changed (again_jobs); "planlimit", the nineteenth
-(measured-families-19/): plan --train's replayed context limits and ~1% past them, two recipes per
+(run-13): 36 more of each, nothing changed (again_jobs); "planlimit", the nineteenth
+(run-19): plan --train's replayed context limits and ~1% past them, two recipes per
 family (plan_limit_jobs, drawn by plan_limit_cases.py). `--list` prints the jobs with each case's prediction and verdict.
 """
 
@@ -288,10 +288,11 @@ def committed_settings(runs: int = 2, truth: bool = False) -> set[tuple]:
     """The settings of every training row of the first `runs` families runs (those before the set
     being drawn), and with `truth` of the truth runs too, so a set stays the same once its own rows
     are committed."""
+    import measurements
     from harness.memory import families_truth as T
     from harness.memory.train_matrix import load_truth
 
-    rows = [r for d in T.FAMILIES_DIRS[:runs] for r in T.load_rows(d)["train"]]
+    rows = [r for d in measurements.families_runs()[:runs] for r in T.load_rows(d)["train"]]
     return {setting(r) for r in rows + (load_truth()[0] if truth else [])}
 
 

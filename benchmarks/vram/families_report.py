@@ -1,5 +1,5 @@
-"""The issue-27 figures from the committed H200 runs (benchmarks/vram/measured-families/,
-measured-families*/, families_truth.FAMILIES_DIRS), recomputed with the estimator as it is now: per family the median / worst /
+"""The issue-27 figures from the committed H200 runs (measurements/vram/families/,
+measurements/vram/families/, measurements.families_runs()), recomputed with the estimator as it is now: per family the median / worst /
 worst-under error of inference and of training (checkpointing on and off apart), plan --train
 against real OOM under 6 GiB (all and per family), plan --offload against a real offloaded run,
 and the snapshot cases' memory picture, predicted beside measured.
@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness import atomic  # noqa: E402
+import measurements  # noqa: E402
 from harness.memory import families_truth as T  # noqa: E402
 
 
@@ -25,9 +26,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=None, help="one run's directory (default: every committed run)")
     ap.add_argument("--json", default=str(ROOT / "reports" / "vram-families.json"))
     args = ap.parse_args(argv)
-    directory = Path(args.dir) if args.dir else None
+    directory = measurements.run_dir(args.dir) if args.dir else measurements.families_runs()
     if not T.row_files(directory):
-        where = directory or " or ".join(str(d) for d in T.FAMILIES_DIRS)
+        where = args.dir or "measurements/vram/families"
         print(f"no rows under {where}/rows: run scripts/gpu/families.sh on a GPU and commit its rows", file=sys.stderr)
         return 1
     s = T.evaluate_families(directory)

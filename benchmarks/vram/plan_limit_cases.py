@@ -56,14 +56,15 @@ def recipes(rng: random.Random, seen: set[tuple]) -> list[dict]:
 
 def committed() -> set[tuple]:
     """The settings of every training row committed before the nineteenth run: the families runs
-    and the truth runs, and the sixteenth to eighteenth runs (outside families_truth.FAMILIES_DIRS)."""
+    and the truth runs, and the sixteenth to eighteenth runs (outside measurements.families_runs())."""
     from families import committed_settings, setting
 
+    import measurements
     from harness.memory import families_truth as T
 
-    seen = committed_settings(len(T.FAMILIES_DIRS), truth=True)
-    for d in ("measured-families-16", "measured-families-17", "measured-families-18"):
-        seen |= {setting(r) for r in T.load_rows(Path(__file__).parent / d)["train"]}
+    seen = committed_settings(len(measurements.families_runs()), truth=True)
+    for run in (16, 17, 18):
+        seen |= {setting(r) for r in T.load_rows(measurements.unpacked(f"vram/families/run-{run:02d}"))["train"]}
     return seen
 
 

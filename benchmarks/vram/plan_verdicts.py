@@ -7,7 +7,7 @@ longest context at batch 1 (batch-1 cases) or the largest batch at the case's le
 predicted to fit when its length (or batch) is within that limit. The reserve rule's own limits are
 kept beside it. Rows go to --out as they come (atomic writes; a rerun resumes), then the table.
 
-    python benchmarks/vram/plan_verdicts.py --run-dir benchmarks/vram/measured-families-18 [--jobs 2]
+    python benchmarks/vram/plan_verdicts.py --run-dir vram/families/run-18 [--jobs 2]
         [--out reports/vram-plan-verdicts.json]
 """
 
@@ -66,8 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "vram-plan-verdicts.json")
     ap.add_argument("--runs", default="families", help="runs whose name starts with this (default: the families "
                     "runs, transformers 5.17 as the tracer's stand-ins were read)")
-    ap.add_argument("--run-dir", type=Path, action="append", default=[],
-                    help="a families run's directory (benchmarks/vram/measured-families-N): its boundary cases "
+    ap.add_argument("--run-dir", action="append", default=[],
+                    help="a families run (a directory, an archive or a measurements/ name: vram/families/run-N): its boundary cases "
                          "(default: every committed run's)")
     args = ap.parse_args(argv)
     from choose_reserve import boundary_cases

@@ -8,7 +8,7 @@ Rows go to reports/vram-replay.json as they come (atomic writes; a rerun resumes
 per margin, agreement and predicted fits that ran out, over all cases and leaving each run out.
 
     python benchmarks/vram/replay_verdicts.py [--jobs 2] [--runs families] [--out reports/vram-replay.json]
-        [--run-dir benchmarks/vram/measured-families-18]
+        [--run-dir vram/families/run-18]
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def main(argv=None) -> int:
                     "runs, transformers 5.17 as the tracer's stand-ins were read)")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "vram-replay.json")
     ap.add_argument("--limit", type=int, default=None, help="the first N cases only")
-    ap.add_argument("--run-dir", type=Path, action="append", default=[],
-                    help="a families run's directory (benchmarks/vram/measured-families-N) not yet among the "
+    ap.add_argument("--run-dir", action="append", default=[],
+                    help="a families run (a directory, an archive or a measurements/ name: vram/families/run-N) not yet among the "
                          "committed runs: its boundary cases only")
     args = ap.parse_args(argv)
     from choose_reserve import boundary_cases

@@ -169,9 +169,9 @@ def tight_note(need: int, budget_bytes: int, context_bytes: int, headroom: float
 # page and gives back the pages it no longer uses, so the holes above (estimate.REALLOCATED_HOLES)
 # are returned rather than held: a training step needs its peak and this reserve. Chosen by the
 # rule of the default allocator's reserve (benchmarks/vram/choose_reserve.py --allocator expandable)
-# over 22 runs capped at 6 GiB with expandable segments (benchmarks/vram/measured-families-6/ and
+# over 22 runs capped at 6 GiB with expandable segments (measurements/vram/families/run-06 and
 # -7/): the 14 that fitted all lay within peak x 1.02 of the line, the 8 that ran out beyond it. Over
-# the 166 such runs committed since (to measured-families-13/) the rule still chooses 2%: 164 agree.
+# the 166 such runs committed since (to run-13) the rule still chooses 2%: 164 agree.
 EXPANDABLE_SEGMENTS = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 EXPANDABLE_TRAIN_RESERVE = 0.02
 

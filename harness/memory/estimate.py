@@ -72,7 +72,7 @@ FRAGMENTATION_BLOCKS = 1.5
 #   and frees the bf16 copy, a hole inside the segment the load carved every weight from. Only
 #   the step's large transient blocks can reuse it, never the small pool (LoRA tensors <= 1 MiB,
 #   their grads and 8-bit states): what the transients leave of the largest such hole is held
-#   beside the peak. Measured (benchmarks/vram/measured-families-6/): the four predicted fits that
+#   beside the peak. Measured (measurements/vram/families/run-06): the four predicted fits that
 #   ran out in the fifth run had their peaks right and 0.5-0.9 GiB of large-pool holes at the OOM,
 #   whose failed request was a 2 MiB small-pool segment; all four fitted with expandable segments;
 #   phi-4-mini's large-pool holes stay at 1.0-1.3 GiB at every rank (its bf16 embedding: 1.15 GiB);
@@ -345,7 +345,7 @@ def dequant_backward_bytes(shape: ModelShape, precision: str) -> int:
 def held_logits_bytes(shape: ModelShape, q: Query) -> int:
     """The step's fp32 logits, alive through the whole backward: the loop keeps the forward's output
     until backward returns (matrix.optimizer_steps), so the recomputed layer peaks beside them. The
-    eleventh run's snapshots (benchmarks/vram/measured-families-11/) hold them at every
+    eleventh run's snapshots (measurements/vram/families/run-11) hold them at every
     recomputed-layer peak."""
     return block_rounded(q.batch * q.seq_len * shape.vocab * 4)
 

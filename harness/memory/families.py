@@ -45,20 +45,20 @@ VERIFIED: dict[str, tuple[bool, bool]] = {
     "llama": (True, True),  # llama-3.2-1b/3b, tinyllama-1.1b, smollm2-1.7b
     "qwen2": (True, True),  # qwen2.5-0.5b/1.5b/3b/7b
     "phi3": (True, True),  # phi-3-mini-4k (held out of the fit), phi-4-mini (issue 27, held out)
-    # issue 27 (benchmarks/vram/measured-families/, transformers 5.17): within 2% median, 5% worst
+    # issue 27 (measurements/vram/families/, transformers 5.17): within 2% median, 5% worst
     "gemma2": (True, True),  # gemma-2-2b
     "gemma3_text": (True, True),  # gemma-3-1b
     "qwen3": (True, True),  # qwen3-1.7b (held out)
-    # the second run (benchmarks/vram/measured-families-2/, held out): inference within the goals;
+    # the second run (measurements/vram/families/run-02, held out): inference within the goals;
     # Mistral's QLoRA training meets the error goals since the recomputed layer is modelled point by
-    # point (recompute.py), read against those rows; the third run (measured-families-3/, --set fresh)
+    # point (recompute.py), read against those rows; the third run (run-03, --set fresh)
     # backs it out of sample: 7 fresh checkpointed rows median 1.1%, worst +3.4%, worst under -2.7%,
     # and plan --train agrees on its 6 fresh boundary cases (pooled 18 of 20, no fit ran out).
     # qwen3_moe stays unverified: only its bf16 inference was measured (within 1.2%), not the
     # bitsandbytes path whose 3-D experts stay unquantized, nor training
     "mistral": (True, True),  # mistral-7b-v0.3 (held out)
 }
-# the architectures whose rows back VERIFIED (suites/vram/measured/, benchmarks/vram/measured-families/)
+# the architectures whose rows back VERIFIED (suites/vram/measured/, measurements/vram/families/)
 VERIFIED_BY = {"llama": ("llama-3.2-1b", "llama-3.2-3b", "tinyllama-1.1b", "smollm2-1.7b"),
                "qwen2": ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"),
                "phi3": ("phi-3-mini-4k", "phi-4-mini"), "gemma2": ("gemma-2-2b",),

@@ -1,4 +1,5 @@
-"""Reading the issue-27 H200 run back (benchmarks/vram/families.py -> benchmarks/vram/measured-families/):
+"""Reading families runs back (benchmarks/vram/families.py's output; the committed runs are packed
+under the repository's measurements/vram/families/, whose reader passes their directories in):
 per family, the estimator's error on inference and on training (checkpointing on and off apart),
 `plan --train`'s verdicts against real OOM under the emulated 6 GiB card, and the memory picture
 of the snapshot cases, predicted beside measured, part by part.
@@ -13,40 +14,10 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .train_matrix import agreement, false_fits
 
-FAMILIES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "vram" / "measured-families"
-# the second run (benchmarks/vram/families.py --set mistral-moe): Mistral-7B v0.3 and Qwen3-30B-A3B
-FAMILIES_DIR_2 = FAMILIES_DIR.parent / "measured-families-2"
-# the third (--set fresh): out-of-sample checks of the recomputed-layer model; read when unpacked there
-FAMILIES_DIR_3 = FAMILIES_DIR.parent / "measured-families-3"
-# the fourth (--set reserve): fresh plan --train boundary cases for the training reserve with the
-# re-allocated blocks' holes (estimate.REALLOCATED_HOLES)
-FAMILIES_DIR_4 = FAMILIES_DIR.parent / "measured-families-4"
-# the fifth (--set reserve2): the same, for the reserve chosen again over the 186 cases before it
-FAMILIES_DIR_5 = FAMILIES_DIR.parent / "measured-families-5"
-# the sixth (--set diagnose5): the fifth's four predicted fits that ran out, again capped (the
-# allocator's counters at the OOM), with expandable segments, and uncapped
-FAMILIES_DIR_6 = FAMILIES_DIR.parent / "measured-families-6"
-# the seventh (--set reserve3): fresh boundary cases for the reserve with the upcast's hole
-FAMILIES_DIR_7 = FAMILIES_DIR.parent / "measured-families-7"
-# the eighth (--set expandable): fresh boundary cases of the verdict with expandable segments
-FAMILIES_DIR_8 = FAMILIES_DIR.parent / "measured-families-8"
-# the ninth (--set under): the steps whose peak the estimate puts 2-3% low, with the allocator's history
-FAMILIES_DIR_9 = FAMILIES_DIR.parent / "measured-families-9"
-# the tenth (--set again): 36 more fresh boundary cases of each verdict, nothing changed
-FAMILIES_DIR_10 = FAMILIES_DIR.parent / "measured-families-10"
-# the eleventh (--set under2): the under-predicted steps again, every allocation live at the peak grouped
-FAMILIES_DIR_11 = FAMILIES_DIR.parent / "measured-families-11"
-# the twelfth (--set again2): 36 fresh boundary cases of each verdict after the eleventh's peak terms
-FAMILIES_DIR_12 = FAMILIES_DIR.parent / "measured-families-12"
-# the thirteenth (--set again3): 36 more of each verdict, nothing changed since the twelfth
-FAMILIES_DIR_13 = FAMILIES_DIR.parent / "measured-families-13"
-FAMILIES_DIRS = (FAMILIES_DIR, FAMILIES_DIR_2, FAMILIES_DIR_3, FAMILIES_DIR_4, FAMILIES_DIR_5, FAMILIES_DIR_6,
-                 FAMILIES_DIR_7, FAMILIES_DIR_8, FAMILIES_DIR_9, FAMILIES_DIR_10, FAMILIES_DIR_11,
-                 FAMILIES_DIR_12, FAMILIES_DIR_13)
 # never used to fit a coefficient (benchmarks/vram/families.py FIT_EXCLUDED); phi-4-mini's training
 # error without checkpointing led to one structural correction read from torch's SDPA code (the fused
 # qkv is not kept alive when K/V are repeated, estimate.saved_activations), so that figure is not blind
@@ -65,17 +36,17 @@ GEN_MEASURED = {"weights": ("weights",), "KV cache": ("kv_cache",), "activations
                 "logits/loss": ("logits_loss",)}
 
 
-def row_files(directory: Path | None = None) -> list[Path]:
-    """The run's row files: DIR/rows/*.json, or DIR/<run>/rows/*.json when the packed output
-    (families-out/...) was unpacked as it is. No directory: every committed run (FAMILIES_DIRS; one
-not there yet adds nothing)."""
-    if directory is None:
-        return [p for d in FAMILIES_DIRS for p in row_files(d)]
+def row_files(directory: Path | Sequence[Path]) -> list[Path]:
+    """A run's row files: DIR/rows/*.json, or DIR/<run>/rows/*.json when the packed output
+    (families-out/...) was unpacked as it is; for several runs, theirs in order."""
+    if not isinstance(directory, (str, Path)):
+        return [p for d in directory for p in row_files(Path(d))]
+    directory = Path(directory)
     dirs = [directory / "rows"] + sorted(directory.glob("*/rows"))
     return sorted(p for d in dirs if d.is_dir() for p in d.glob("*.json"))
 
 
-def load_rows(directory: Path | None = None) -> dict[str, list[dict]]:
+def load_rows(directory: Path | Sequence[Path]) -> dict[str, list[dict]]:
     """{"train": [...], "infer": [...], "snapshot": [...], "offload": [...], "failed": [...]} from
     the run's row files, each row stamped with the transformers version it ran under (the
     attention it picked)."""
@@ -163,7 +134,7 @@ class FamilySummary:
         return false_fits(self.boundary)
 
 
-def evaluate_families(directory: Path | None = None) -> FamilySummary:
+def evaluate_families(directory: Path | Sequence[Path]) -> FamilySummary:
     from .matrix import evaluate
     from .train_matrix import evaluate_training
 

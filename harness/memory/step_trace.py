@@ -6,7 +6,7 @@ with that allocator's holes, which a reserve fraction can only guess (docs/vram.
 replayed").
 
 Where CUDA allocates what the meta device does not, the trace stands in for it, each read off an
-H200 allocator history (benchmarks/vram/measured-families-14/):
+H200 allocator history (measurements/vram/families/run-14):
 - transformers' caching_allocator_warmup: one block the size of the weights as loaded, freed at once;
   the weights are then carved out of its segment (the holes that decide most refusals);
 - the checkpoint's tensors in sorted key order, each 4-bit one quantized on arrival (bitsandbytes'
@@ -200,7 +200,7 @@ def sdpa_backend(query, key, attn_mask=None, enable_gqa=False) -> str:
     match (it takes fp32 and a mask, not grouped-query heads), else the math path. peft's k-bit
     preparation leaves the layer norms in fp32, so q/k/v arrive in fp32 and grouped-query families
     take the math path, which keeps the fp32 score matrix (the H200 histories of
-    benchmarks/vram/measured-families-16/)."""
+    measurements/vram/families/run-16)."""
     import torch
 
     if query.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and query.shape[-1] <= 256:

@@ -3,9 +3,10 @@
 #   FAMILIES_OUT=/tmp/families-out setsid bash scripts/gpu/families.sh
 # FAMILIES_SET picks the driver's job set: issue27 (default, the first run: Gemma-2/3, Qwen3, Phi-4-mini)
 # or mistral-moe (the second: Mistral-7B v0.3 training/boundary/inference, Qwen3-30B-A3B inference and
-# plan --offload checked by a real offloaded run; benchmarks/vram/measured-families-2/) or fresh (the
+# plan --offload checked by a real offloaded run; measurements/vram/families/run-02) or fresh (the
 # third: Mistral-7B checkpointed batch-2 steps and 30 new plan --train 6 GiB boundary cases over five
-# families, ~35 cases in ~150 s; unpack into benchmarks/vram/measured-families-3/):
+# families, ~35 cases in ~150 s; measurements/vram/families/run-03). Commit a run with
+#   python scripts/pack_measurement.py families-out vram/families/run-NN --script ... --date ...
 #   FAMILIES_SET=fresh FAMILIES_LIMIT_S=250 bash scripts/gpu/families.sh
 # From the repository root. Uses python3 there (torch 2.11+cu130, transformers 5.17, peft) and the
 # bitsandbytes wheel under .whl/ (installed to /tmp/site unless it imports already). Stops itself

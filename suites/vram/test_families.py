@@ -1,8 +1,8 @@
 """The families people fine-tune now (issue 27), against the H200 runs of benchmarks/vram/families.py
-committed under benchmarks/vram/measured-families/ (Gemma-2/3, Qwen3, Phi-4-mini) and
-measured-families-2/ (--set mistral-moe: Mistral-7B v0.3, Qwen3-30B-A3B) and measured-families-3/
-(--set fresh: out-of-sample checks of the recomputed layer and plan --train) and measured-families-4/
-(--set reserve: fresh plan --train boundary cases for the training reserve): every figure is
+packed under measurements/vram/families/ (the runs the manifest marks families_truth: run-01, Gemma-2/3,
+Qwen3, Phi-4-mini; run-02, --set mistral-moe: Mistral-7B v0.3, Qwen3-30B-A3B; run-03, --set fresh:
+out-of-sample checks of the recomputed layer and plan --train; run-04 on, --set reserve and after:
+fresh plan --train boundary cases for the training reserve): every figure is
 recomputed from the rows with the estimator as it is now. qwen3-1.7b, phi-4-mini, mistral-7b-v0.3
 and qwen3-30b-a3b never informed a term (held out); the Gemma terms come from the modeling code,
 not from these rows.
@@ -12,6 +12,7 @@ code); present rows are held to the issue's goals."""
 
 from __future__ import annotations
 
+import measurements
 import pytest
 
 from harness.memory import families_truth as T
@@ -52,10 +53,11 @@ def _case(r: dict) -> tuple:
 
 @pytest.fixture(scope="module")
 def summary():
-    if not T.row_files():
-        pytest.skip(f"no rows under {T.FAMILIES_DIR.relative_to(T.FAMILIES_DIR.parents[2])}/rows: the H200 run "
-                    "(scripts/gpu/families.sh) is not committed yet")
-    return T.evaluate_families()
+    runs = measurements.families_runs()
+    if not T.row_files(runs):
+        pytest.skip("no families runs in measurements/manifest.json: the H200 run (scripts/gpu/families.sh) "
+                    "is not committed yet")
+    return T.evaluate_families(runs)
 
 
 def _tables(summary):
@@ -94,7 +96,7 @@ def test_plan_train_agrees_with_real_oom_under_6gib(summary, record):
 
 def test_the_verdict_with_expandable_segments_against_real_oom(summary, record):
     """estimate --budget's 'with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it fits' against
-    fresh boundary cases run with them under the 6 GiB card (benchmarks/vram/measured-families-8/,
+    fresh boundary cases run with them under the 6 GiB card (measurements/vram/families/run-08,
     -10/, -12/ and -13/)."""
     b = summary.boundary_expandable
     if not b:
@@ -108,7 +110,7 @@ def test_the_verdict_with_expandable_segments_against_real_oom(summary, record):
     assert agreement >= AGREEMENT
 
 
-SECOND_RUN = ("mistral-7b-v0.3", "qwen3-30b-a3b")  # benchmarks/vram/measured-families-2/ (--set mistral-moe)
+SECOND_RUN = ("mistral-7b-v0.3", "qwen3-30b-a3b")  # measurements/vram/families/run-02 (--set mistral-moe)
 OFFLOAD_MS_TOLERANCE = 0.5  # decode time per token: the plan's bandwidth model, within +-50%
 
 
@@ -126,7 +128,7 @@ def test_plan_train_agrees_per_new_family(summary, record, arch):
 
 def test_plan_offload_against_a_real_offloaded_run(summary, record):
     if not summary.offload:
-        pytest.skip("no plan --offload run committed yet (benchmarks/vram/measured-families-2/, qwen3-30b-a3b)")
+        pytest.skip("no plan --offload run committed yet (measurements/vram/families/run-02, qwen3-30b-a3b)")
     for o in summary.offload:
         record.row("offload", {k: v for k, v in o.items() if not isinstance(v, dict)})
         assert not o["oom"], f"{o['arch']}: the planned placement ran out of memory under {o['budget_bytes']} bytes"

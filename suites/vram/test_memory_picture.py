@@ -1,9 +1,10 @@
 """Where the memory goes, for one QLoRA step and one generation: the estimator's parts, drawn in
 the vram report; beside them the parts measured from torch's allocator snapshot of the same case
-on the H200 (benchmarks/vram/measured-families/rows/*snapshot*), when that run is committed."""
+on the H200 (the snapshot rows of measurements/vram/families/, runs 1-13), when that run is committed."""
 
 from __future__ import annotations
 
+import measurements
 import pytest
 
 from harness.memory import families_truth as T
@@ -17,13 +18,17 @@ TRACE_AGREEMENT = 0.02  # the snapshot's replayed peak against torch's max_memor
 PART_AGREEMENT = 0.03  # each predicted part against the measured one, as a share of the measured peak
 # (arch, mode, seq_len, batch) of recorded steps whose parts are known to miss PART_AGREEMENT, pinned
 # at what they measure so that a regression still fails: phi-4-mini all-linear r64 128 x 1 (the
-# ninth families run, benchmarks/vram/measured-families-9/) peaks in another phase than the estimate
+# ninth families run, measurements/vram/families/run-09) peaks in another phase than the estimate
 # puts it in, its peak 2.9% above the prediction (docs/vram.md, "Where a training step's reserve goes")
 PART_SHORTFALL = {("phi-4-mini", "train", 128, 1): 0.09}
 
 
+def _snapshot_rows() -> list[dict]:
+    return T.load_rows(measurements.families_runs())["snapshot"]
+
+
 def _measured():
-    rows = T.load_rows()["snapshot"] if T.row_files() else []
+    rows = _snapshot_rows()
     return [T.picture_comparison(r) for r in rows if (r.get("snapshot") or {}).get("peak_by_category")]
 
 
@@ -65,9 +70,9 @@ def test_memory_picture_of_a_step_and_a_generation(record):
 
 
 def test_snapshot_trace_replays_to_torchs_own_peak():
-    rows = T.load_rows()["snapshot"] if T.row_files() else []
+    rows = _snapshot_rows()
     if not rows:
-        pytest.skip("no snapshot rows committed yet (benchmarks/vram/measured-families/)")
+        pytest.skip("no snapshot rows committed yet (measurements/vram/families/)")
     assert all("peak_by_category" in r["snapshot"] for r in rows), [r["snapshot"].get("error") for r in rows]
     for r in rows:
         snap = r["snapshot"]
