@@ -126,3 +126,20 @@ def summarise(name: str) -> dict:
             "train_fitted": sum(1 for r in train if r.get("oom") is False),
             "environment": {k: env.get(k) for k in ("gpu", "torch", "cuda", "transformers", "peft",
                                                     "bitsandbytes", "job_set")}}
+
+
+def folder(name: str) -> Path:
+    """The folder of an entry of plain files."""
+    return HERE / entry(name)["folder"]
+
+
+def matrix_rows(name: str = "vram/matrix") -> list[Path]:
+    """The rows-*.json files of a committed VRAM matrix (vram/matrix, vram/run1, vram/holdout)."""
+    return sorted(folder(name).glob("rows-*.json"))
+
+
+def truth_runs() -> dict[str, Path]:
+    """The fresh-process training runs, in order: the matrix and first boundary cases (the fit's
+    rows), then the validation run drawn after the estimator was fixed."""
+    truth = folder("vram/truth")
+    return {"run1": truth / "train_rows.json", "validation": truth / "validation" / "train_rows.json"}

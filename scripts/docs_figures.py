@@ -7,7 +7,7 @@
 A block is the text between `<!-- figures:begin NAME -->` and `<!-- figures:end -->`; NAME is one of
 BLOCKS below. A begin marker at the end of its line makes a block of lines (a table), one inside a
 sentence an inline figure. The inputs are committed: the H200 measurements under
-suites/vram/measured/ and suites/quant/measured/, the published vLLM start-up logs in
+measurements/ (measurements/manifest.json lists them), the published vLLM start-up logs in
 tests/data/vllm_logs/, and the results files the report screenshots were rendered from
 (tests/data/reports/). Figures computed with the estimator use the current code: change the
 estimator and this script shows what its figures are now (tests/test_docs.py fails until they
@@ -55,9 +55,10 @@ def table(header: list[str], rows: list[list]) -> str:
 
 @functools.cache
 def _matrix(which: str):
-    from harness.memory.matrix import MEASURED_DIR, evaluate, load_matrix
+    import measurements
+    from harness.memory.matrix import evaluate, load_matrix
 
-    rows, env = load_matrix(sorted((MEASURED_DIR / which).glob("rows-*.json")))
+    rows, env = load_matrix(measurements.matrix_rows(f"vram/{which}"))
     return evaluate(rows, env)
 
 
@@ -74,7 +75,7 @@ def vram_matrix() -> str:
         s = _matrix(name)
         out.append([label, s.n, pct(s.median_abs_error), pct(s.worst_abs_error), pct(s.accelerate_median_abs_error, 1),
                     f"{s.budget_agreement:.1%} of {s.budget_cases}" if s.budget_cases else "-"])
-    head = table(["rows of suites/vram/measured/", "rows", "median abs error", "worst", "accelerate's estimate, median",
+    head = table(["rows of measurements/vram/", "rows", "median abs error", "worst", "accelerate's estimate, median",
                   "6 GiB verdict agrees with the real OOM"], out)
     groups = _matrix("matrix").by_group()
     by_mode = table(["precision/mode", "rows", "median abs error", "worst"],
@@ -85,9 +86,10 @@ def vram_matrix() -> str:
 
 @functools.cache
 def _truth():
+    import measurements
     from harness.memory.train_matrix import HOLDOUT_ARCHS, evaluate_training, load_truth
 
-    rows, _ = load_truth()
+    rows, _ = load_truth(measurements.truth_runs())
     return HOLDOUT_ARCHS, evaluate_training(rows)
 
 
@@ -178,7 +180,7 @@ def vram_families_picture() -> str:
 
 
 def vram_offload_inline() -> str:
-    rows = json.loads((ROOT / "suites/vram/measured/truth/offload2/offload_rows.json").read_text())["rows"]
+    rows = json.loads((ROOT / "measurements/vram/truth/offload2/offload_rows.json").read_text())["rows"]
     bw = {r["kind"]: r for r in rows if r["kind"].startswith("bandwidth")}
     gpu = next(r for r in rows if r["kind"] == "all_gpu")
     off = [r for r in rows if r["kind"] == "offload"]
@@ -192,7 +194,7 @@ def vram_offload_inline() -> str:
 
 
 def vram_offload() -> str:
-    data = json.loads((ROOT / "suites/vram/measured/truth/offload2/offload_rows.json").read_text())
+    data = json.loads((ROOT / "measurements/vram/truth/offload2/offload_rows.json").read_text())
     rows = data["rows"]
     bw = {r["kind"]: r for r in rows if r["kind"].startswith("bandwidth")}
     gpu = next(r for r in rows if r["kind"] == "all_gpu")
@@ -205,7 +207,7 @@ def vram_offload() -> str:
     return (table([f"{gpu['arch']} bf16", "on the GPU", "predicted ms/token", "measured ms/token", "error", "tokens/s"], out)
             + f"\n\nHost-to-device copy tensor by tensor from a mapped file: {bw['bandwidth']['offload_gbps']:.1f} GB/s "
               f"before the placements, {bw['bandwidth_after']['offload_gbps']:.1f} GB/s after "
-              f"(`suites/vram/measured/truth/offload2/offload_rows.json`).")
+              f"(`measurements/vram/truth/offload2/offload_rows.json`).")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -151,9 +151,9 @@ def fit_calibration():
 @pytest.fixture(scope="module")
 def run1_rows(fit_calibration):
     """The committed H200 rows of the fresh-process training matrix (run 1), read once."""
-    from harness.memory.train_matrix import TRUTH_RUNS
+    import measurements
 
-    return fit_calibration.train_rows([TRUTH_RUNS["run1"]])
+    return fit_calibration.train_rows([measurements.truth_runs()["run1"]])
 
 
 def _fit_rows(rows):

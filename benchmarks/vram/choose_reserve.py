@@ -1,5 +1,5 @@
 """Choose the training reserve (estimate.RESERVE_FRACTION["train"] and estimate.REALLOCATED_HOLES)
-from every committed plan --train boundary case: the two truth runs (suites/vram/measured/truth/)
+from every committed plan --train boundary case: the two truth runs (measurements/vram/truth/)
 and the families runs (measurements.families_runs()), each a real OOM or not under an emulated
 6 GiB card with torch's default caching allocator. With `--allocator expandable`, the reserve of
 the verdict with expandable segments (budget.EXPANDABLE_TRAIN_RESERVE) from every capped run made
@@ -64,7 +64,7 @@ def boundary_cases(family_runs: int | None = None, expandable: bool = False, run
     expandable segments (the fifth run's misses and the seventh's refusals again, the eighth run).
     run_dirs: those runs only (a directory, an archive or a name such as vram/families/run-18),
     instead of the committed ones."""
-    rows = [] if expandable or run_dirs else [dict(r, _run=r["run"]) for r in load_truth()[0]]
+    rows = [] if expandable or run_dirs else [dict(r, _run=r["run"]) for r in load_truth(measurements.truth_runs())[0]]
     dirs = measurements.families_runs()[:family_runs] if family_runs else measurements.families_runs()
     labelled = ([(f"families-{int(re.findall(r'[0-9]+', Path(d).name)[-1])}", measurements.run_dir(d))
                  for d in run_dirs] if run_dirs else [(f"families-{i}", d) for i, d in enumerate(dirs, 1)])

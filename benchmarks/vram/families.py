@@ -293,7 +293,7 @@ def committed_settings(runs: int = 2, truth: bool = False) -> set[tuple]:
     from harness.memory.train_matrix import load_truth
 
     rows = [r for d in measurements.families_runs()[:runs] for r in T.load_rows(d)["train"]]
-    return {setting(r) for r in rows + (load_truth()[0] if truth else [])}
+    return {setting(r) for r in rows + (load_truth(measurements.truth_runs())[0] if truth else [])}
 
 
 def first_family_first(cases: list[TrainCase], families: tuple[str, ...]) -> list[TrainCase]:

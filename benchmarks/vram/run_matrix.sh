@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The command that measured suites/vram/measured/*.json on a lent NVIDIA H200 (the `run` tool of
+# The command that measured measurements/vram/*.json on a lent NVIDIA H200 (the `run` tool of
 # this workplace; any CUDA machine works). It brings bitsandbytes as a wheel (.whl/, git-ignored),
 # then runs the matrix, one worker process per architecture, writing rows as it goes.
 #   benchmarks/vram/run_matrix.sh OUTDIR [ARCHS] [TIME_LIMIT_S] [RESUME_FROM_DIR]

@@ -1,4 +1,4 @@
-"""Transient terms of the peak, fitted to measurements (see suites/vram/measured/ and
+"""Transient terms of the peak, fitted to measurements (see measurements/vram/ and
 harness/memory/matrix.py): activation / transient peaks are linear in tokens x (hidden,
 intermediate, q/k/v width) with coefficients fitted on an H200 (CALIBRATION).
 """
@@ -27,7 +27,7 @@ CALIBRATION: dict[str, dict[str, Any]] = {
     "prefill/half": {"const": 34530000.0, "tok_h": 3.995, "tok_i": 3.001},
     "prefill/int8": {"const": 35860000.0, "tok_h": 4.712, "tok_i": 4.956},
     "prefill/4bit": {"const": 44650000.0, "tok_h": 4.65, "tok_i": 2.827},
-    # training: fitted to the fresh-process training matrix (suites/vram/measured/truth/, the five
+    # training: fitted to the fresh-process training matrix (measurements/vram/truth/, the five
     # architectures of the inference fit; phi-3-mini-4k and qwen2.5-3b held out), after the exact
     # terms of train_parts (weights, adapter, optimizer states, saved_activations) are taken off
     "train/half/gc": {"const": 67330000.0, "L_tok_h": 1.005, "grads": 0.05873,

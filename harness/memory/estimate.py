@@ -7,7 +7,8 @@ that import this one module.
 
 What it models (read from the installed transformers / peft / bitsandbytes):
 - weights: see weights.py (only the decoder's nn.Linear layers are quantized).
-- KV cache: 2 * layers * kv_heads * head_dim * bytes * batch * tokens (GQA).
+- KV cache: layer by layer as transformers' cache classes hold it (cache_layout.py: full, sliding
+  and chunked windows, KV shared across layers, linear-attention / conv / Mamba-2 states).
 - prefill: one forward with use_cache=True and logits for the last position only (generate sets
   logits_to_keep=1), the logits copied to float32. generate: the KV cache grows by torch.cat, so a
   decode step briefly holds one layer's cache twice.
@@ -15,7 +16,7 @@ What it models (read from the installed transformers / peft / bitsandbytes):
   bases go through prepare_model_for_kbit_training, which casts every non-4-bit parameter to fp32;
   the loss upcasts logits to float32 (batch * seq * vocab * 4) and keeps a gradient of them.
 - activation / transient peaks are linear in tokens x (hidden, intermediate, q/k/v width) with
-  coefficients fitted to measurements on an H200 (suites/vram/measured/, see CALIBRATION).
+  coefficients fitted to measurements on an H200 (measurements/vram/, see CALIBRATION).
 
 Unknown architectures fall back to a meta-device parameter count (imports torch + transformers).
 A model directory with safetensors gives exact tensor sizes from the headers without loading.
@@ -29,13 +30,14 @@ from typing import Any
 from ..errors import UsageError
 from .calibration import (CALIBRATION, calibration_key, features, features_for, linear_sum,  # noqa: F401
                           precision_group, train_act_bytes, transient_bytes)
-from .families import decode_kv_tokens, inference_terms, sdpa_masked_layers, train_terms, verification
+from .cache_layout import summary as cache_summary
+from .families import inference_terms, sdpa_masked_layers, train_terms, verification
 from .lora import (DEFAULT_LORA_TARGETS, OPTIMIZERS, LoraTargets, adapter_bytes, check_lora_targets,  # noqa: F401
                    lora_params, optimizer_name, resolve_lora_targets)
 from .recompute import layer_peak
 from .shape import KNOWN_FAMILIES, LinearGroup, ModelShape, load_config, model_shape  # noqa: F401
 from .weights import (ENGINES, FILE_PRECISIONS, PRECISIONS, accelerate_style_bytes, block_rounded,  # noqa: F401
-                      dtype_bytes, kv_cache_bytes, quantized_linear_bytes, serving_notes,
+                      dtype_bytes, kv_cache_bytes, largest_cache_layer_bytes, quantized_linear_bytes, serving_notes,
                       w4a16_linear_bytes, weight_breakdown, weight_bytes)
 
 MODES = ("weights", "prefill", "generate", "train")
@@ -58,7 +60,7 @@ RESERVE_FRACTION: dict[str, float] = {"weights": 0.03, "prefill": 0.03, "generat
 # Training where fp32 GQA attention falls back to SDPA's math kernel (calibration.features,
 # "scores"): every layer allocates and frees batch x heads x seq x seq blocks (scores, probabilities, their grads),
 # and under a capped allocator the holes they leave cannot all be reused. Under the emulated 6 GiB
-# card (suites/vram/measured/truth/) tinyllama nf4 b4 x 1024 ran out with its predicted peak at 84%
+# card (measurements/vram/truth/) tinyllama nf4 b4 x 1024 ran out with its predicted peak at 84%
 # of the cap. The card is asked to keep this many such blocks free beyond the peak: 1.5 separated
 # the 42 boundary cases of the first H200 run best (no false fit; 1 gave one, 2 one more false
 # alarm), and was then checked on fresh boundary cases (the README of truth/ gives the figures).
@@ -179,15 +181,17 @@ def _estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> E
     transient = transient_bytes(f"prefill/{group}", feats, calibration) + scores
     prefill_peak = weights + kv_prefill + transient + logits
     breakdown.update(kv_cache=kv_prefill, activations=transient, logits=logits)
+    if shape.cache is not None:
+        breakdown["cache_layers"] = cache_summary(shape.cache)
     if scores:
         breakdown["attention_scores"] = scores
     peak = prefill_peak
     if q.mode == "generate":
         total = q.seq_len + q.new_tokens
-        # sliding-window layers keep window - 1 tokens while decoding (full layers keep all)
-        kept = decode_kv_tokens(shape.traits, shape.layers, shape.sliding_window, total)
-        kv_final = int(kv_cache_bytes(shape, p, q.batch, total) * kept / total)
-        one_layer = kv_cache_bytes(shape, p, q.batch, total) // max(shape.layers, 1)  # torch.cat: old + new of one layer
+        # the cache generate returns: the prompt and new_tokens - 1 decode steps (the last token is
+        # never fed back), sliding layers cut to their window (cache_layout.py)
+        kv_final = kv_cache_bytes(shape, p, q.batch, q.seq_len, max(q.new_tokens - 1, 0))
+        one_layer = largest_cache_layer_bytes(shape, p, q.batch, total)  # torch.cat: old + new of one layer
         dfeats = features(shape, p, q.batch, 1, act)
         decode_peak = (weights + kv_final + one_layer + transient_bytes(f"prefill/{group}", dfeats, calibration)
                        + inference_terms(shape, shape.traits, q.batch, 1, act) + logits)

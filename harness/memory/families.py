@@ -58,7 +58,7 @@ VERIFIED: dict[str, tuple[bool, bool]] = {
     # bitsandbytes path whose 3-D experts stay unquantized, nor training
     "mistral": (True, True),  # mistral-7b-v0.3 (held out)
 }
-# the architectures whose rows back VERIFIED (suites/vram/measured/, measurements/vram/families/)
+# the architectures whose rows back VERIFIED (measurements/vram/, measurements/vram/families/)
 VERIFIED_BY = {"llama": ("llama-3.2-1b", "llama-3.2-3b", "tinyllama-1.1b", "smollm2-1.7b"),
                "qwen2": ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"),
                "phi3": ("phi-3-mini-4k", "phi-4-mini"), "gemma2": ("gemma-2-2b",),
@@ -283,12 +283,3 @@ def inference_terms(shape, traits: FamilyTraits | None, batch: int, seq: int, ac
     sc = score_elements(shape, batch, seq, seq)
     masks = 2 if traits.sliding_layers else 1
     return sc * (act + 4) + masks * batch * seq * seq * act
-
-
-def decode_kv_tokens(traits: FamilyTraits | None, layers: int, window: int | None, total: int) -> float:
-    """Layer-averaged tokens a decoding cache holds: sliding layers keep window - 1 (transformers'
-    DynamicSlidingWindowLayer), the others all `total`."""
-    if traits is None or not traits.sliding_layers or window is None or total < window:
-        return float(total)
-    sliding = min(traits.sliding_layers, layers)
-    return ((layers - sliding) * total + sliding * (window - 1)) / max(layers, 1)

@@ -432,14 +432,9 @@ def main(argv: list[str] | None = None) -> int:
 # Reading a measured matrix back: prediction errors, the accelerate anchor, planner agreement
 
 
-MEASURED_DIR = Path(__file__).resolve().parents[2] / "suites" / "vram" / "measured"
-
-
-def load_matrix(paths=None) -> tuple[list[dict], dict]:
-    """Rows (and the environment of the first file) from rows files; by default the committed
-    matrix under suites/vram/measured/matrix/."""
-    if paths is None:
-        paths = sorted((MEASURED_DIR / "matrix").glob("rows-*.json"))
+def load_matrix(paths) -> tuple[list[dict], dict]:
+    """Rows (and the environment of the first file) from rows files (the committed H200 matrix is
+    the repository's measurements/vram/matrix/, which its reader passes in)."""
     rows: list[dict] = []
     env: dict = {}
     for p in paths:

@@ -34,7 +34,7 @@ DEFAULT_DEVICE_GBPS = 300.0  # GDDR6 read bandwidth of that class (RTX 3060 360 
 DEFAULT_DISK_GBPS = 2.0  # an NVMe SSD read; weights offloaded to disk are read back every token
 # An eager transformers decode step costs Python and kernel launches per decoder layer whatever the
 # GPU: measured on the H200 host (transformers 5.17), qwen2.5-7b all on the GPU decodes at 54.8
-# ms/token, of which 3.5 ms read the weights: 1.8 ms per layer (suites/vram/measured/truth/).
+# ms/token, of which 3.5 ms read the weights: 1.8 ms per layer (measurements/vram/truth/).
 DEFAULT_LAYER_MS = 1.8
 # Host memory of the process itself (Python, torch, transformers, the CUDA runtime's host side),
 # before any offloaded weight: measured RSS of a loaded all-GPU 7B process on the H200 machine.

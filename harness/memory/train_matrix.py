@@ -269,24 +269,19 @@ def environment(device: str = "cuda:0") -> dict:
 # ---------------------------------------------------------------------------------------------
 # Reading rows back
 
-TRUTH_DIR = Path(__file__).resolve().parents[2] / "suites" / "vram" / "measured" / "truth"
 # Never in the fit of estimate.CALIBRATION's training keys (benchmarks/vram/fit_calibration.py --train
 # --holdout ...): phi-3's fused qkv_proj/gate_up_proj, and a larger qwen2.
 HOLDOUT_ARCHS = ("phi-3-mini-4k", "qwen2.5-3b")
 
 
-# The runs, in order: the matrix and first boundary cases (the fit's rows), then the validation
-# run drawn after the estimator was fixed (memory_truth.py --validation: fresh boundary cases,
-# held-out architectures without checkpointing, the first run's misses again uncapped).
-TRUTH_RUNS = {"run1": TRUTH_DIR / "train_rows.json", "validation": TRUTH_DIR / "validation" / "train_rows.json"}
-
-
-def load_truth(runs=tuple(TRUTH_RUNS)) -> tuple[list[dict], dict]:
-    """The committed H200 rows of the fresh-process training runs, each row tagged with its run."""
+def load_truth(runs: dict[str, Path]) -> tuple[list[dict], dict]:
+    """The rows of fresh-process training runs ({run name: train_rows.json}, in order), each row
+    tagged with its run. The committed H200 runs (the repository's measurements/vram/truth/: run1,
+    the fit's rows; validation, drawn after the estimator was fixed) are passed in by its reader."""
     rows: list[dict] = []
     env: dict = {}
-    for run in runs:
-        got, run_env = load_matrix([TRUTH_RUNS[run]])
+    for run, path in runs.items():
+        got, run_env = load_matrix([path])
         env = env or run_env
         rows += [dict(r, run=run) for r in got]
     return rows, env

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import measurements
 import pytest
 
 from harness.memory.matrix import evaluate, load_matrix
@@ -9,9 +10,9 @@ from harness.memory.matrix import evaluate, load_matrix
 
 @pytest.fixture(scope="session")
 def measured_matrix():
-    rows, env = load_matrix()
+    rows, env = load_matrix(measurements.matrix_rows("vram/matrix"))
     if not rows:
-        pytest.fail("suites/vram/measured/matrix/ holds no rows-*.json: the committed GPU matrix is missing")
+        pytest.fail("measurements/vram/matrix/ holds no rows-*.json: the committed GPU matrix is missing")
     return rows, env
 
 

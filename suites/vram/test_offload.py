@@ -4,7 +4,7 @@ On a GPU: the model (--model, default a random qwen2.5-3b: 6.2 GB of bf16 weight
 the budget (--vram-budget, default 6 GiB) as harness.memory.offload plans it, loaded with that
 device_map under the emulated budget, and decoded; the measured ms per token is recorded beside
 the prediction. The prediction's accuracy is a benchmark figure (benchmarks/vram/memory_truth.py,
-suites/vram/measured/truth/), not a timed assertion: here it is reported, and a miss beyond 25%
+measurements/vram/truth/), not a timed assertion: here it is reported, and a miss beyond 25%
 is a warning.
 """
 
@@ -81,13 +81,13 @@ def test_measured_offload_on_the_h200(run, record):
     """qwen2.5-7b bf16 all on the GPU and placed by plan_offload for 6 and 10 GiB, loaded under
     those emulated budgets. The prediction is recomputed from the placement's bytes and the best
     host-to-device figure that run measured (offload.offload_h2d); its error is recorded (a timing
-    is a benchmark figure, quoted in suites/vram/measured/README.md, not asserted)."""
+    is a benchmark figure, quoted in measurements/vram/README.md, not asserted)."""
     import json
 
     from harness.memory import offload as O
-    from harness.memory.train_matrix import TRUTH_DIR
+    import measurements
 
-    rows = json.loads((TRUTH_DIR / OFFLOAD_RUNS[run]).read_text())["rows"]
+    rows = json.loads((measurements.folder("vram/truth") / OFFLOAD_RUNS[run]).read_text())["rows"]
     bw_row = next(r for r in rows if r["kind"] == "bandwidth")
     h2d, what = O.offload_h2d({"gbps": bw_row["pinned_gbps"], **bw_row})
     bw = O.Bandwidths(h2d_gbps=h2d, h2d_source=what, device_gbps=bw_row["d2d_gbps"])

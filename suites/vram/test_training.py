@@ -1,4 +1,4 @@
-"""Training memory the way users train, against the H200 (suites/vram/measured/truth/).
+"""Training memory the way users train, against the H200 (measurements/vram/truth/).
 
 Every row is one fresh process running the common recipe: from_pretrained ->
 prepare_model_for_kbit_training (or gradient checkpointing + enable_input_require_grads for bf16)
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 
+import measurements
 import pytest
 
 from harness.memory import estimate as E
@@ -27,7 +28,7 @@ AGREEMENT = 0.95
 
 @pytest.fixture(scope="module")
 def truth():
-    rows, env = load_truth()
+    rows, env = load_truth(measurements.truth_runs())
     return rows, env, evaluate_training(rows)
 
 

@@ -1,6 +1,6 @@
 """Predicted against measured VRAM.
 
-On CPU: the estimator against the committed H200 matrix (suites/vram/measured/matrix, measured by
+On CPU: the estimator against the committed H200 matrix (measurements/vram/matrix, measured by
 benchmarks/vram/run_matrix.sh), the planner against what happened under the emulated 6 GiB
 budget there, and exact weights of the tiny model loaded here. On GPU: live rows of the matrix on
 this card, and the budget emulation itself.
@@ -190,9 +190,10 @@ def test_budget_emulation_ooms_past_the_budget(device, vram_budget, settings):
 def test_held_out_architectures_within_tolerance(record):
     """phi-3-mini-4k (a family never fitted: fused qkv and gate_up projections) and qwen2.5-3b,
     measured after the calibration was frozen: the estimator must hold there too."""
-    from harness.memory.matrix import MEASURED_DIR, evaluate, load_matrix
+    import measurements
+    from harness.memory.matrix import evaluate, load_matrix
 
-    rows, env = load_matrix(sorted((MEASURED_DIR / "holdout").glob("rows-*.json")))
+    rows, env = load_matrix(measurements.matrix_rows("vram/holdout"))
     s = evaluate(rows, env)
     record(rows=s.n, median_abs_error=s.median_abs_error, worst_abs_error=s.worst_abs_error,
            accelerate_median_abs_error=s.accelerate_median_abs_error, budget_agreement=s.budget_agreement)
