@@ -2,16 +2,22 @@
 
 Each command lives in harness/commands/<module>.py and exposes ``add_arguments(parser)`` and
 ``run(args) -> int``; registering a command is one line in COMMANDS.
+
+Every error of every command leaves through `main`, the one place that words it: one line on
+stderr, `harness <command>: error: ...`, the exit code of the error (2 bad usage), and with a
+`--json` switch also one JSON object on stdout (`error_object`), so a script that asked for JSON
+always gets JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 
-from .errors import HarnessError, one_line
+from .errors import HarnessError, UsageError, error_code, one_line, os_error_line
 
 # command name -> (module under harness.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -29,10 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but bad usage is one line on stderr and exit code 2."""
+    """argparse, but bad usage is a UsageError: `main` words it like every other error."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+        raise UsageError(message)
 
 
 def _load(name: str):
@@ -51,25 +57,59 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _json_switch(parser: argparse.ArgumentParser, command: str | None) -> bool:
+    """Whether `command` has a `--json` switch (compare's --json takes a file: not a switch)."""
+    if command is None:
+        return False
+    for action in parser._subparsers._group_actions[0].choices[command]._actions:  # noqa: SLF001
+        if "--json" in action.option_strings:
+            return action.nargs == 0
+    return False
+
+
+def error_object(command: str | None, exc: BaseException, message: str, exit_code: int) -> dict:
+    """The JSON a `--json` command prints on stdout when it fails (docs/exit-codes.md)."""
+    return {"ok": False, "command": command, "error": message, "error_code": error_code(exc),
+            "exit_code": exit_code, **(getattr(exc, "json_fields", None) or {})}
+
+
+def _fail(command: str | None, exc: BaseException, message: str, exit_code: int, as_json: bool) -> int:
+    prog = f"harness {command}" if command else "harness"
+    print(f"{prog}: {message}", file=sys.stderr)
+    if as_json:
+        text = message.removeprefix("error: ")
+        print(json.dumps(error_object(command, exc, text, exit_code)), flush=True)
+    return exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None  # no options come before it
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        return _fail(command, exc, f"error: {one_line(str(exc))}", 2,
+                     _json_switch(parser, command) and "--json" in argv)
     if args.command is None:
         parser.print_help()
         return 2
+    as_json = getattr(args, "json", None) is True
     module = _load(args.command)
     try:
         return int(module.run(args) or 0)
     except HarnessError as exc:
-        print(f"harness {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"harness {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _fail(args.command, exc, f"error: {one_line(str(exc))}", exc.exit_code, as_json)
+    except KeyboardInterrupt as exc:
+        return _fail(args.command, exc, "interrupted", 130, as_json)
     except BrokenPipeError:  # `... | head`: the reader left; no traceback (the Python docs' recipe)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the user gave: a bug to see whole
+            raise
+        # a file or folder that cannot be read or written (e.g. --out under a file): bad input
+        return _fail(args.command, exc, f"error: {one_line(os_error_line(exc))}", 2, as_json)
 
 
 if __name__ == "__main__":

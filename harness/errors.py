@@ -27,3 +27,26 @@ def one_line(message: str) -> str:
     """The message with its control characters escaped, so it stays one line: a results file's
     field may hold a carriage return or a newline, and the CLI promises one line per error."""
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in message)
+
+
+def error_code(exc: BaseException) -> str:
+    """The machine-readable kind of an error, the `error_code` of a command's JSON error object."""
+    if isinstance(exc, UnsupportedError):
+        return "unsupported"
+    if isinstance(exc, UsageError):
+        return "bad_usage"
+    if isinstance(exc, CheckFailed):
+        return "check_failed"
+    if isinstance(exc, OSError):
+        return "file_error"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return "failed"
+
+
+def os_error_line(exc: OSError) -> str:
+    """'PATH: why' for an OSError about a file (permission denied, a part of the path is a file...)."""
+    why = exc.strerror or type(exc).__name__
+    if isinstance(exc, (NotADirectoryError, FileExistsError)):
+        why += " (a part of the path is a file, not a folder?)"
+    return f"{exc.filename}: {why}" if exc.filename is not None else why

@@ -58,10 +58,45 @@ def reference_names() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
 
 
+def _name_key(name: str) -> str:
+    """A name without its Hub organisation, case and punctuation: Qwen/Qwen2.5-1.5B -> qwen2515b."""
+    return "".join(ch for ch in name.rsplit("/", 1)[-1].lower() if ch.isalnum())
+
+
+def suggest_reference(spec: str) -> str | None:
+    """The reference name a Hub id or a misspelling most likely means (Qwen/Qwen2.5-1.5B ->
+    qwen2.5-1.5b; meta-llama/Llama-3.2-1B-Instruct -> llama-3.2-1b), or None."""
+    import difflib
+
+    key, names = _name_key(str(spec)), reference_names()
+    if not key:
+        return None
+    keys = {_name_key(n): n for n in names}
+    # a fine-tune names its base with a word added: Mistral-7B-Instruct-v0.3, gemma-3-1b-it
+    words = str(spec).rsplit("/", 1)[-1].lower().replace("_", "-").split("-")
+    core = _name_key("-".join(w for w in words if w not in ("instruct", "chat", "it", "hf", "base")))
+    for candidate in (key, core):
+        if candidate in keys:
+            return keys[candidate]
+    prefixed = [k for k in keys if key.startswith(k)]  # a fine-tune's suffix: -Instruct, -it, -hf
+    if prefixed:
+        return keys[max(prefixed, key=len)]
+    close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.8)
+    return keys[close[0]] if close else None
+
+
+def unknown_reference_hint(spec: str) -> str:
+    """'; did you mean NAME?' for a spec that names no file, directory or reference; '' if none."""
+    match = suggest_reference(spec)
+    return f"; did you mean {match}? (the reference names: harness/configs; no Hub downloads)" if match else ""
+
+
 def reference_config_path(name: str) -> Path:
     path = CONFIG_DIR / f"{name}.json"
     if not path.is_file():
-        raise UsageError(f"unknown reference architecture {name!r} (known: {', '.join(reference_names())})")
+        match = suggest_reference(name)
+        hint = f"did you mean {match}?" if match else f"known: {', '.join(reference_names())}"
+        raise UsageError(f"unknown reference architecture {name!r} ({hint})")
     return path
 
 

@@ -92,6 +92,57 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path, tiny_model_dir):
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
 
 
+def _copy(model_dir, where):
+    import shutil
+
+    shutil.copytree(model_dir, where)
+    return where
+
+
+def _one_line_exit_2(done, *needles):
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith("harness drift: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_the_same_directory_twice_is_refused_at_once(tiny_model_dir, tmp_path):
+    """drift DIR DIR would load one model twice and call it no drift: refused before any model runs;
+    a link to the same directory is the same directory."""
+    (tmp_path / "link").symlink_to(tiny_model_dir)
+    for other in (tiny_model_dir, tmp_path / "link"):
+        done = _cli(tiny_model_dir, other, timeout=60)
+        _one_line_exit_2(done, "the same directory")
+        assert "[drift]" not in done.stderr  # no model ran
+
+
+def test_a_truncated_weights_file_is_one_line_with_a_check_dir_hint(tiny_model_dir, tmp_path):
+    """Before: safetensors' SafetensorError as a traceback, exit 1. After: one line naming the file."""
+    quant = _copy(tiny_model_dir, tmp_path / "quant")
+    weights = quant / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    line = _one_line_exit_2(_cli(tiny_model_dir, quant, timeout=60), "QUANT_DIR", "model.safetensors", "check-dir")
+    assert "cut short" in line or "missing" in line
+    as_json = _cli(tiny_model_dir, quant, "--json", timeout=60)
+    _one_line_exit_2(as_json)
+    error = json.loads(as_json.stdout)
+    assert error["ok"] is False and error["exit_code"] == 2 and "check-dir" in error["error"]
+
+
+def test_two_vocabularies_are_refused_before_any_model_runs(tiny_model_dir, tmp_path):
+    """Before: both models ran (minutes on a real pair) and then failed on the logits' widths."""
+    quant = _copy(tiny_model_dir, tmp_path / "quant")
+    config = json.loads((quant / "config.json").read_text())
+    config["vocab_size"] += 64
+    (quant / "config.json").write_text(json.dumps(config))
+    done = _cli(tiny_model_dir, quant, timeout=60)
+    _one_line_exit_2(done, "different vocabularies", str(config["vocab_size"]))
+    assert "[drift]" not in done.stderr
+
+
 @pytest.fixture(scope="module")
 def perturbed_dir(tiny_model_dir, tmp_path_factory):
     """The tiny model with every Linear's weights scaled by 3: a quantizer with wrong scales."""
@@ -110,7 +161,7 @@ def perturbed_dir(tiny_model_dir, tmp_path_factory):
 def test_cli_same_model_passes_and_a_broken_one_fails(tiny_model_dir, perturbed_dir, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("The model loads the weights quickly on the cpu, 12 times. Question: why? Answer: the cache! " * 30)
-    same = _cli(tiny_model_dir, tiny_model_dir, "--text", text, "--seq-len", "64", "--json")
+    same = _cli(tiny_model_dir, _copy(tiny_model_dir, tmp_path / "copy"), "--text", text, "--seq-len", "64", "--json")
     assert same.returncode == 0, same.stderr
     data = json.loads(same.stdout)
     assert data["ok"] and data["drift"]["mean_kl"] < 1e-9 and data["drift"]["top1_agreement"] == 1.0

@@ -1,8 +1,12 @@
 """`python -m harness`: every design command listed, each with its module; bad usage is one line."""
 
+import gzip
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from harness import __main__ as cli
 
@@ -53,3 +57,109 @@ def test_every_command_has_help():
         out = run_cli(name, "--help")
         assert out.returncode == 0, out.stderr
         assert "usage:" in out.stdout
+
+
+# -- one error path for every command (harness.__main__): one line, `harness <command>: error:`,
+# the error's exit code, and with a --json switch one JSON object on stdout ----------------------
+
+def _one_error_line(out, command: str) -> str:
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"harness {command}: error: "), lines[0]
+    return lines[0]
+
+
+# (command, arguments of a bad input); each command that has a --json switch
+JSON_COMMANDS = [
+    ("env", ["--bogus"]),
+    ("estimate", ["--config", "qwen2.5-0.5b", "--precision", "fp9", "--mode", "weights", "--seq-len", "128"]),
+    ("plan", ["--config", "qwen2.5-0.5b", "--budget", "banana"]),
+    ("plan", ["--engine", "vllm", "--config", "/nonexistent/dir", "--gpu-memory", "8GiB", "--max-model-len", "512"]),
+    ("check-dir", ["/nonexistent/dir"]),
+    ("drift", ["/nonexistent/a", "/nonexistent/b"]),
+    ("explain", ["/nonexistent/log.txt"]),
+]
+
+
+@pytest.mark.parametrize("command,args", JSON_COMMANDS, ids=[" ".join(c[1][:2]) or c[0] for c in JSON_COMMANDS])
+def test_every_json_command_prints_a_json_error_object(command, args):
+    """Before: plan and explain printed nothing on stdout with --json, check-dir its own object."""
+    out = run_cli(command, *args, "--json")
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    line = _one_error_line(out, command)
+    error = json.loads(out.stdout)
+    assert error == {**error, "ok": False, "command": command, "error_code": "bad_usage", "exit_code": 2}
+    assert error["error"] == line.removeprefix(f"harness {command}: error: ")
+
+
+def test_usage_errors_of_argparse_have_the_harness_prefix():
+    """Before: `python -m harness estimate: error: ...` from argparse, `harness estimate: error:` from the rest."""
+    out = run_cli("estimate", "--no-such-option")
+    assert out.returncode == 2
+    assert "--config" in _one_error_line(out, "estimate")
+    top = run_cli("frobnicate")
+    assert top.stderr.startswith("harness: error: ") and "python -m harness" not in top.stderr
+
+
+def test_check_dir_keeps_its_findings_fields_in_the_error_object():
+    out = run_cli("check-dir", "/nonexistent/dir", "--json")
+    error = json.loads(out.stdout)
+    assert error["findings"] == [] and error["directory"] == "/nonexistent/dir" and "no such directory" in error["error"]
+
+
+def test_a_hub_id_as_config_suggests_the_reference_name():
+    """Before: '... is neither a file, a model directory nor a reference name' and nothing more."""
+    cases = {"Qwen/Qwen2.5-1.5B": "qwen2.5-1.5b", "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b",
+             "mistralai/Mistral-7B-Instruct-v0.3": "mistral-7b-v0.3", "google/gemma-3-1b-it": "gemma-3-1b"}
+    for hub_id, name in cases.items():
+        out = run_cli("estimate", "--config", hub_id, "--precision", "bf16", "--mode", "weights", "--seq-len", "128")
+        assert out.returncode == 2
+        assert f"did you mean {name}?" in _one_error_line(out, "estimate"), hub_id
+    vllm = run_cli("plan", "--engine", "vllm", "--config", "Qwen/Qwen2.5-1.5B", "--gpu-memory", "8GiB",
+                   "--max-model-len", "1024")
+    assert vllm.returncode == 2 and "did you mean qwen2.5-1.5b?" in _one_error_line(vllm, "plan")
+    nothing = run_cli("estimate", "--config", "acme/Nonsense-9000", "--precision", "bf16", "--mode", "weights",
+                      "--seq-len", "128")
+    assert nothing.returncode == 2 and "did you mean" not in _one_error_line(nothing, "estimate")
+
+
+# An unwritable folder: /sys refuses new files even to root (permission bits do not stop root).
+UNWRITABLE = "/sys"
+
+
+def _results_file(tmp_path) -> Path:
+    path = tmp_path / "gate-new.json"
+    path.write_bytes(gzip.decompress((ROOT / "tests/data/reports/gate-new.json.gz").read_bytes()))
+    return path
+
+
+@pytest.mark.parametrize("out", [f"{UNWRITABLE}/x.html", "/etc/passwd/x.html"])
+def test_report_into_a_folder_it_cannot_write_is_one_line(tmp_path, out):
+    """Before: PermissionError from tempfile.mkstemp as a traceback, exit 1."""
+    done = run_cli("report", str(_results_file(tmp_path)), "--out", out)
+    assert done.returncode == 2
+    line = _one_error_line(done, "report")
+    assert "--out" in line and ("cannot write" in line or "not a folder" in line or "does not exist" in line)
+
+
+@pytest.mark.parametrize("out,words", [("/etc/passwd/x.json", "is a file, not a folder"),
+                                       (f"{UNWRITABLE}/x.json", "cannot write into the folder"),
+                                       (f"{UNWRITABLE}/new/x.json", "cannot write into the folder")])
+def test_bench_out_that_cannot_be_written_is_refused_before_any_request(out, words):
+    """Before: FileExistsError / PermissionError as a traceback after the run. The endpoint here
+    answers nothing: the --out error coming first (exit 2, not 'cannot reach', exit 1) shows the
+    check runs before any request is sent."""
+    done = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--num-prompts", "2",
+                   "--input-len", "8", "--output-len", "4", "--out", out)
+    assert done.returncode == 2, done.stderr
+    line = _one_error_line(done, "bench")
+    assert words in line and "cannot reach" not in line
+
+
+def test_a_writable_new_folder_for_bench_is_not_refused_and_nothing_is_left(tmp_path):
+    """The probe leaves nothing behind and does not refuse what bench may create (a new folder)."""
+    done = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--num-prompts", "2",
+                   "--input-len", "8", "--output-len", "4", "--out", str(tmp_path / "new" / "x.json"))
+    assert done.returncode == 1 and "cannot reach" in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []

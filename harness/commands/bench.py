@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import CheckFailed, UsageError
+from . import check_writable
 from ..units import comma_list, int_list
 
 
@@ -157,8 +158,7 @@ def run(args) -> int:
     slo_target = parse_share(args.slo_target, "--slo-target")
     workers = parse_workers(args.workers)
     out = Path(args.out)
-    if out.is_dir():
-        raise UsageError(f"--out: {args.out!r} is a directory")
+    check_writable(out, "--out", create_folders=True)  # before any request is sent
     workload = Workload(input_len=args.input_len, output_len=args.output_len, num_prompts=args.num_prompts,
                         prefix_len=args.prefix_len, api=args.api, seed=args.seed, input_dist=args.input_dist,
                         output_dist=args.output_dist, len_spread=args.len_spread)

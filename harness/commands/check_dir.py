@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
-
 from . import print_verdict
 
 
@@ -26,10 +23,8 @@ def run(args) -> int:
     try:
         report = check_dir(args.directory, deep=args.deep, allow_remote_code=args.allow_remote_code,
                            allow_pickle=args.allow_pickle, progress=True)
-    except UsageError as exc:
-        if args.json:  # --json always prints JSON, also for a directory that cannot be checked
-            json.dump({"ok": False, "findings": [], "directory": str(args.directory), "error": str(exc)}, sys.stdout)
-            sys.stdout.write("\n")
+    except UsageError as exc:  # harness.__main__ prints the JSON error object; these fields join it
+        exc.json_fields = {"findings": [], "directory": str(args.directory)}
         raise
     return print_verdict(report, args.json, _print_text)
 

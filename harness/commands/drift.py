@@ -60,11 +60,13 @@ def _gate(args):
 
 def run(args) -> int:
     from ..errors import HarnessError, UsageError
+    from ..quant.drift_inputs import check_inputs
     from ..quant.evaluate import compare_models
     from ..quant.tokens import read_text_file
 
     gate = _gate(args)
     base, quant = _model_dir(args.base_dir, "BASE_DIR"), _model_dir(args.quant_dir, "QUANT_DIR")
+    check_inputs(base, quant)  # the same directory twice, weights cut short, two vocabularies
     if not ((base / "tokenizer.json").is_file() or (base / "tokenizer.model").is_file()):
         raise UsageError(f"BASE_DIR {args.base_dir!r} has no tokenizer: the drift is measured on text")
     text = read_text_file(args.text) if args.text else None
@@ -73,10 +75,21 @@ def run(args) -> int:
                                 device=args.device, python=args.python)
     except ValueError as exc:  # text shorter than one row, logits of different vocabularies
         raise UsageError(str(exc)) from None
-    except (OSError, RuntimeError, ImportError) as exc:
-        hint = "" if args.python else " (a checkpoint this transformers cannot load: try --python of the venv that wrote it)"
+    except (OSError, RuntimeError, ImportError, _safetensors_error()) as exc:
+        hint = (" (`python -m harness check-dir DIR` checks each directory)" if args.python else
+                " (a checkpoint this transformers cannot load: try --python of the venv that wrote it, "
+                "or `python -m harness check-dir DIR`)")
         raise HarnessError(f"could not run the models: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}{hint}") from None
     return print_verdict(result, args.json, _print_text)
+
+
+def _safetensors_error() -> type[Exception]:
+    """safetensors' own error (a file it cannot read), not an OSError: one line like the others."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return OSError
+    return SafetensorError
 
 
 def _print_text(result) -> None:

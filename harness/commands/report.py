@@ -43,11 +43,11 @@ def _index_href(out: Path) -> str | None:
 
 
 def _check_out(out: Path, given: str | None) -> None:
-    """The page goes into a folder that exists: a mistyped path is refused, never created."""
-    if out.is_dir():
-        raise UsageError(f"--out: {given!r} is a directory")
-    if not out.parent.is_dir():
-        raise UsageError(f"--out: the folder {str(out.parent)!r} does not exist (create it first)")
+    """The page goes into a folder that exists and can be written: a mistyped path is refused,
+    never created."""
+    from . import check_writable
+
+    check_writable(out, "--out")
 
 
 def run(args) -> int:

@@ -10,12 +10,13 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from ..models import CONFIG_DIR
+from .cache_layout import CacheLayer, layout_from_config, layout_from_meta
 from .families import TIED_BY_DEFAULT, FamilyTraits, traits_from_config
 
 KNOWN_FAMILIES = ("llama", "qwen2", "mistral", "phi3", "qwen3", "gemma2", "gemma3_text")
@@ -58,6 +59,14 @@ class ModelShape:
     stored_weights: tuple[tuple[str, int], ...] | None = None
     # what the family's modeling code does differently (families.py); None: a bare shape
     traits: FamilyTraits | None = None
+    # the generation cache layer by layer, as transformers' cache classes hold it (cache_layout.py);
+    # None: every layer a full-attention K/V cache of kv_heads x head_dim (a GGUF file's layout)
+    cache: tuple[CacheLayer, ...] | None = None
+    # nn.Embedding tables beyond the token embedding (Gemma-4's per-layer inputs), in embedding_params
+    extra_embedding_params: int = 0
+    # parameters of MoE experts stored as 3-D tensors (not nn.Linear: bitsandbytes leaves them in
+    # the torch dtype), in norm_params
+    expert_params: int = 0
 
     @property
     def linear_params(self) -> int:
@@ -156,6 +165,7 @@ def shape_from_config(config: dict) -> ModelShape:
         norm_params=norm_params, bias_params=bias_params,
         norm_tensors=norm_tensors, bias_tensors=bias_tensors, source="config",
         sliding_window=window, traits=traits,
+        cache=layout_from_config(config, n_layers, kv_heads, head_dim, window),
     )
 
 
@@ -175,6 +185,7 @@ class _ParamTally:
     def __init__(self) -> None:
         self.linears: dict[tuple[str, int, int, str], int] = {}
         self.emb = self.lm_head = self.norm = self.bias = self.norm_t = self.bias_t = 0
+        self.extra_emb = self.experts = 0
 
     def linear(self, name: str, in_features: int, out_features: int) -> None:
         """`name`: the module's dotted name (model.layers.0.self_attn.q_proj)."""
@@ -196,7 +207,8 @@ class _ParamTally:
             linears=tuple(LinearGroup(k, i, o, c, par) for (k, i, o, par), c in sorted(self.linears.items())),
             embedding_params=self.emb, lm_head_params=self.lm_head, norm_params=self.norm,
             bias_params=self.bias, norm_tensors=self.norm_t, bias_tensors=self.bias_t, source=source,
-            sliding_window=base.sliding_window, traits=base.traits,
+            sliding_window=base.sliding_window, traits=base.traits, cache=base.cache,
+            extra_embedding_params=self.extra_emb, expert_params=self.experts,
         )
 
 
@@ -205,7 +217,7 @@ def shape_from_safetensors(config: dict, directory: Path) -> ModelShape | None:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         return None
-    base = shape_from_config(config) if _family(config) in KNOWN_FAMILIES else _generic_dims(config)
+    base = shape_from_config(config) if _family(config) in KNOWN_FAMILIES else _meta_cached_dims(config)
     tally = _ParamTally()
     for file in files:
         for name, info in _read_safetensors_header(file).tensors.items():
@@ -217,8 +229,20 @@ def shape_from_safetensors(config: dict, directory: Path) -> ModelShape | None:
             elif len(dims) == 2 and name.endswith(".weight"):
                 tally.linear(name.rsplit(".", 1)[0], dims[1], dims[0])
             else:
+                if len(dims) == 3:  # fused MoE experts
+                    tally.experts += info.numel
                 tally.other(info.numel, is_bias=name.endswith(".bias"))
     return tally.shape(base, "safetensors")
+
+
+def _meta_cached_dims(config: dict) -> ModelShape:
+    """An unknown family's dimensions with its cache layout read on the meta device (the dense
+    rule when the model cannot be built there: its tensors still come from the headers)."""
+    base = _generic_dims(config)
+    try:
+        return replace(base, cache=layout_from_meta(build_on_meta(config), base.family))
+    except UsageError:
+        return base
 
 
 def _generic_dims(config: dict) -> ModelShape:
@@ -239,28 +263,19 @@ def _generic_dims(config: dict) -> ModelShape:
 
 
 def shape_from_meta(config: dict) -> ModelShape:
-    """Unknown architecture: build it on the meta device and count (imports torch)."""
+    """Unknown architecture: build it on the meta device (in bf16, the dtype it is run in), count its
+    parameters, and read its generation cache's layout from one forward there (imports torch)."""
     base = _generic_dims(config)
     try:
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.pytorch_utils import Conv1D
     except ImportError as exc:  # pragma: no cover - torch is a hard dependency
         raise UsageError(f"unknown architecture needs torch and transformers: {exc}") from None
-    data = dict(config)
-    model_type = data.pop("model_type", None)
-    try:
-        cfg = AutoConfig.for_model(model_type, **data)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(cfg)
-    except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if first.startswith("Unrecognized model identifier"):  # followed by every model_type it knows
-            first = f"transformers {_transformers_version()} does not know this model_type"
-        raise UsageError(f"cannot build model_type {model_type!r} on the meta device: {first[:300]}") from None
+    model = build_on_meta(config)
     tally = _ParamTally()
     seen: set[int] = set()
     out_emb = model.get_output_embeddings()
+    in_emb = model.get_input_embeddings()
     for name, module in model.named_modules():
         for pname, param in module.named_parameters(recurse=False):
             if id(param) in seen:
@@ -269,6 +284,8 @@ def shape_from_meta(config: dict) -> ModelShape:
             numel = param.numel()
             if isinstance(module, torch.nn.Embedding):
                 tally.emb += numel
+                if module is not in_emb:  # Gemma-4's per-layer input tables
+                    tally.extra_emb += numel
             elif module is out_emb and pname == "weight":
                 tally.lm_head += numel
             elif module is out_emb:
@@ -278,8 +295,33 @@ def shape_from_meta(config: dict) -> ModelShape:
             elif isinstance(module, Conv1D) and pname == "weight":  # GPT-2 style: weight is (in, out)
                 tally.linear(name, param.shape[0], param.shape[1])
             else:
+                if param.dim() == 3:  # fused MoE experts: a 3-D nn.Parameter, not an nn.Linear
+                    tally.experts += numel
                 tally.other(numel, is_bias=pname == "bias")
-    return tally.shape(base, "meta")
+    layout = layout_from_meta(model, str(config.get("model_type")))
+    return replace(tally.shape(base, "meta"), cache=layout)
+
+
+def build_on_meta(config: dict):
+    """The CausalLM of a config dict on the meta device, bf16; a config transformers refuses is a
+    one-line UsageError naming the reason."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig
+
+    # save_pretrained writes inf as {"__float__": "Infinity"} (Granite-4 hybrid's, Falcon-H1's
+    # time_step_limit); transformers decodes it on load, and so do we
+    data = PreTrainedConfig._decode_special_floats(dict(config))
+    model_type = data.pop("model_type", None)
+    try:
+        cfg = AutoConfig.for_model(model_type, **data)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    except Exception as exc:  # noqa: BLE001 - whatever transformers raises is the refusal's reason
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        first = " ".join(lines[:2])
+        if first.startswith("Unrecognized model identifier"):  # followed by every model_type it knows
+            first = f"transformers {_transformers_version()} does not know this model_type"
+        raise UsageError(f"cannot build model_type {model_type!r} on the meta device: {first[:300]}") from None
 
 
 def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
@@ -301,8 +343,10 @@ def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
     elif not path.is_file():
         ref = CONFIG_DIR / f"{spec}.json"
         if not ref.is_file():
+            from ..models import unknown_reference_hint
+
             raise UsageError(f"--config: {str(spec)!r} is neither a file, a model directory nor a "
-                             f"reference name")
+                             f"reference name{unknown_reference_hint(str(spec))}")
         path = ref
     try:
         config = json.loads(path.read_text())
