@@ -7,14 +7,20 @@ evidence comes later in the text. The others are listed under `also`.
 
 from __future__ import annotations
 
-from . import hardware, oom, stack, training, vllm
+from . import finetune, hardware, multiproc, oom, serving, stack, training, vllm
 from .model import Context, Explanation, Finding
 from .text import Log, condense
 
 RECOGNISERS = (*vllm.RECOGNISERS, oom.recognise_cuda_oom, oom.recognise_host_oom, *stack.RECOGNISERS,
-               *hardware.RECOGNISERS, *training.RECOGNISERS)
-NOT_RECOGNISED = ("no known failure pattern in this text (CUDA/host OOM, driver/CUDA/torch, bitsandbytes, NaN loss, "
-                  "vLLM start-up, model directory, GPU hardware, NCCL); explain does not guess")
+               *hardware.RECOGNISERS, *training.RECOGNISERS,
+               *finetune.RECOGNISERS, *serving.RECOGNISERS, *multiproc.RECOGNISERS)
+
+
+def not_recognised() -> str:
+    from .kinds import REGISTRY
+
+    return (f"no known failure pattern in this text ({', '.join(k.title for k in REGISTRY.values())}); "
+            "explain does not guess")
 
 
 def findings(text: str, ctx: Context | None = None) -> list[Finding]:
@@ -29,7 +35,7 @@ def findings(text: str, ctx: Context | None = None) -> list[Finding]:
 def explain(text: str, config: str | None = None, gpu_memory: str | None = None) -> Explanation:
     found = findings(text, Context(config=config, gpu_memory=gpu_memory))
     if not found:
-        return Explanation(False, None, NOT_RECOGNISED, [], "", None)
+        return Explanation(False, None, not_recognised(), [], "", None)
     top = found[0]
     also = [{"kind": f.kind, "what_happened": f.what_happened} for f in found[1:]
             if (f.kind, f.what_happened) != (top.kind, top.what_happened)]

@@ -11,6 +11,15 @@ import re
 
 from .model import Cause, Context, Finding
 from .text import Log
+from .kinds import declare
+
+declare("gpu_hardware", "GPU hardware",
+        "check dmesg for Xid lines and nvidia-smi -q for ECC/row remapping; reseat, cool and power the card; "
+        "reboot")
+declare("nccl", "NCCL",
+        "rerun with NCCL_DEBUG=INFO; in docker use --ipc=host; NCCL_P2P_DISABLE=1 if P2P fails; set "
+        "NCCL_SOCKET_IFNAME across nodes")
+
 
 XID = {
     13: ("graphics engine exception: usually the application (an out-of-range access in a kernel)", "software"),

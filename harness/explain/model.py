@@ -5,8 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KINDS = ("cuda_oom", "host_oom", "driver_cuda_mismatch", "bnb_setup", "nan_loss", "vllm_startup",
-         "model_dir", "gpu_hardware", "nccl")
+
+
+def __getattr__(name: str):
+    if name == "KINDS":  # the registry's kinds (harness.explain.kinds), read when asked: the recognisers declare them
+        from .kinds import all_kinds
+
+        return all_kinds()
+    raise AttributeError(name)
 
 
 @dataclass
@@ -28,6 +34,13 @@ class Finding:
     position: int = 0
     figures_from_log: dict[str, Any] = field(default_factory=dict)
     computed: dict[str, Any] | None = None
+    source: dict[str, Any] | None = None  # the library raise site the catalog matched (harness.explain.catalog)
+
+    def __post_init__(self):
+        from .kinds import REGISTRY
+
+        if self.kind not in REGISTRY:
+            raise ValueError(f"explain kind {self.kind!r} is not declared (harness.explain.kinds.declare)")
 
 
 @dataclass
@@ -40,6 +53,7 @@ class Explanation:
     computed: dict[str, Any] | None
     figures_from_log: dict[str, Any] = field(default_factory=dict)
     also: list[dict[str, str]] = field(default_factory=list)  # other failures the text shows
+    source: dict[str, Any] | None = None  # library, version, file, line of the raise site the text matches
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -15,6 +15,15 @@ import re
 from . import planners
 from .model import Cause, Context, Finding
 from .text import SIZE, Log, gib, size_bytes
+from .kinds import declare
+
+declare("cuda_oom", "CUDA out of memory",
+        "lower the batch size or sequence length, use gradient checkpointing (training) or a lower precision;"
+        " PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True when memory is fragmented")
+declare("host_oom", "host out of memory",
+        "give the process more host RAM or swap; load with torch_dtype=bfloat16 and device_map='auto'; raise "
+        "the container/WSL memory limit")
+
 
 _NEW = re.compile(
     rf"Tried to allocate {SIZE}\.\s*GPU (\d+) has a total capac\w*y of {SIZE} of which {SIZE} is free\.", re.I)
@@ -142,8 +151,7 @@ def recognise_cuda_oom(log: Log, ctx: Context) -> list[Finding]:
     if f.get("tried"):
         evidence = log.evidence(r"Tried to allocate") or evidence
     phase = _phase(log)
-    if log.from_vllm() and log.has(GRAPH_CAPTURE):
-        return [_graph_capture_oom(log, evidence, f)]
+    startup = _vllm_startup_oom(log, evidence, f) if log.from_vllm() else None
     causes, fixes = _oom_causes(log, f, phase, evidence)
     f.update(_settings_from_log(log))
     gpu = planners.gpu_for(ctx, f.get("total"))
@@ -153,11 +161,15 @@ def recognise_cuda_oom(log: Log, ctx: Context) -> list[Finding]:
         computed = dict(computed or {}, **scaled)
         fixes.insert(0, f"with batch {f['batch']} in the log, batch {scaled['batch_for_failed_request']} is the largest "
                         f"at which the failed request fits (assuming it grows with the batch)")
+    elif not computed:
+        fixes.append("for a computed batch, add the batch size and sequence length the run used to the text "
+                     "(per_device_train_batch_size=..., max_seq_length=...) or pass --config MODEL --gpu-memory CARD")
     what = (f"CUDA ran out of memory{' during ' + phase if phase != 'unknown' else ''}"
             + (f": {gib(f['tried'])} requested with {gib(f['free'])} free of {gib(f['total'])}" if f.get("tried") else ""))
     fix = "; ".join(fixes) + "." + planners.plan_text(computed if computed and "error" not in computed else None)
-    return [Finding("cuda_oom", what, causes, fix, score=70, position=m.end(),
-                    figures_from_log={k: v for k, v in f.items()}, computed=computed)]
+    plain = Finding("cuda_oom", what, causes, fix, score=70, position=m.end(),
+                    figures_from_log={k: v for k, v in f.items()}, computed=computed)
+    return [startup, plain] if startup else [plain]
 
 
 _BATCH = r"(?:per_device_train_batch_size|micro_batch_size|train_batch_size|batch_size|BATCH_SIZE)['\"]?\s*[:=]?\s*(\d+)\b"
@@ -188,13 +200,41 @@ def _batch_from_log(f: dict) -> dict | None:
                             "with the batch (a lower bound on the cut: the next allocations need room too)"}
 
 
-def _graph_capture_oom(log: Log, evidence: str, f: dict) -> Finding:
-    cause = Cause("vLLM ran out of memory while capturing CUDA graphs: they are allocated after the KV cache took "
-                  "its share, from what the utilization left", log.evidence(GRAPH_CAPTURE) or evidence)
-    fix = ("start with --enforce-eager (no CUDA graphs), or lower --gpu-memory-utilization by 0.05-0.1 to leave room "
-           "for the graphs, or capture fewer sizes (lower --max-num-seqs)")
-    return Finding("vllm_startup", "vLLM's start-up ran out of GPU memory during CUDA graph capture", [cause], fix,
-                   score=85, position=len(log.text), figures_from_log=f)
+PROFILING = (r"profile_run|_dummy_run|dummy_sampler_run|determine_available_memory|determine_num_available_blocks|"
+             r"_initialize_kv_caches|initialize_kv_cache|memory profiling|profiling run")
+_ALSO = ("it is also a CUDA out-of-memory error (kind cuda_oom), but that kind's fix (a smaller batch or sequence) "
+         "does not apply: vLLM sizes its own batch from the flags below")
+
+
+def _vllm_startup_oom(log: Log, evidence: str, f: dict) -> Finding | None:
+    """A CUDA OOM inside vLLM's start-up (profile run or CUDA graph capture): vLLM's flags are the fix."""
+    graph, profile = log.search(GRAPH_CAPTURE), log.search(PROFILING)
+    if not (graph or profile):
+        return None
+    util = re.search(r"gpu[_-]memory[_-]utilization[= ]+([\d.]+)", log.text)
+    lower = None
+    if util:
+        lower = round(max(0.05, float(util.group(1)) - 0.05), 2)
+    if graph and (not profile or graph.end() > profile.end()):
+        cause = Cause("vLLM ran out of memory while capturing CUDA graphs: they are allocated after the KV cache took "
+                      "its share, from what the utilization left; " + _ALSO, log.line_of(graph))
+        fix = ("start with --enforce-eager (no CUDA graphs), or lower --gpu-memory-utilization"
+               + (f" from {util.group(1)} to {lower} (0.05 less leaves room for the graphs)" if lower else
+                  " by 0.05-0.1 to leave room for the graphs (the log does not show the utilization it ran with: "
+                  "add the vLLM command line to the text for a computed figure)")
+               + ", or capture fewer sizes (lower --max-num-seqs)")
+        what = "vLLM's start-up ran out of GPU memory during CUDA graph capture"
+    else:
+        cause = Cause("vLLM ran out of memory in its profile run (one forward pass of --max-num-batched-tokens "
+                      "tokens, before the KV cache is sized): the weights left too little room for the activations; "
+                      + _ALSO, log.line_of(profile))
+        fix = ("lower --max-num-batched-tokens (the profile run's size; e.g. 2048) and --max-num-seqs, or "
+               "--max-model-len when chunked prefill is off, or serve a quantized model; raising "
+               "--gpu-memory-utilization does not help a profile-run OOM")
+        what = "vLLM's start-up ran out of GPU memory in its profile run"
+    return Finding("vllm_startup", what, [cause], fix + ".", score=85, position=len(log.text), figures_from_log=f,
+                   computed={"gpu_memory_utilization": lower, "source": "the log's utilization less 0.05"}
+                   if lower and graph else None)
 
 
 def recognise_host_oom(log: Log, ctx: Context) -> list[Finding]:

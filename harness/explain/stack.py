@@ -18,6 +18,15 @@ from ..hw.compat import MIN_DRIVER_FOR_CUDA, TORCH_INDEX, check_arch
 from . import planners
 from .model import Cause, Context, Finding
 from .text import Log
+from .kinds import declare
+
+declare("driver_cuda_mismatch", "driver/CUDA/torch",
+        "install builds that match: a torch (and extensions) built for the CUDA the driver runs and for this "
+        "GPU's architecture, or update the driver")
+declare("bnb_setup", "bitsandbytes",
+        "upgrade bitsandbytes (from 0.43 its wheels ship a library per CUDA version); check with python -m "
+        "bitsandbytes")
+
 
 _TOO_OLD = r"NVIDIA driver on your system is too old \(found version (\d+)\)"
 _INSUFFICIENT = r"CUDA driver version is insufficient for CUDA runtime version"

@@ -14,6 +14,15 @@ import re
 
 from .model import Cause, Context, Finding
 from .text import Log
+from .kinds import declare
+
+declare("nan_loss", "NaN loss",
+        "train in bf16 (or fp32) instead of fp16, lower the learning rate and clip gradients, mask padding "
+        "with -100")
+declare("model_dir", "model directory",
+        "copy the complete model directory (config, every shard, tokenizer files); python -m harness check-"
+        "dir DIR lists what is wrong")
+
 
 _NAN = (r"['\"]?(?:train_)?(?:loss|grad_norm|avr_loss|train_loss|eval_loss)['\"]?\s*[:=]\s*['\"]?(?:nan|-?inf)\b|"
         r"\bloss (?:is|became|=) ?(?:nan|inf)\b|returned nan values in its \d+\w* output|"

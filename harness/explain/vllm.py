@@ -20,6 +20,12 @@ import re
 from . import planners
 from .model import Cause, Context, Finding
 from .text import GiB, Log, gib
+from .kinds import declare
+
+declare("vllm_startup", "vLLM start-up",
+        "read vLLM's message: lower --max-model-len, adjust --gpu-memory-utilization, or use a model/format "
+        "this GPU and vLLM release support")
+
 
 _KV_V0 = r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)"
 _KV_V1 = (r"max seq len \((\d+)\),?\s*\(?([\d.]+) GiB KV cache is needed, which is larger than the available KV "
