@@ -84,7 +84,7 @@ def test_estimate_and_plan_read_a_gguf_file(tmp_path):
     est = E.estimate(shape, E.Query("gguf", "generate", seq_len=512, new_tokens=64))
     assert est.breakdown["weights"] == read_gguf(path).weight_bytes
     assert "llama.cpp" in est.breakdown["engine"]
-    assert est.breakdown["kv_cache"] == E.kv_cache_bytes(shape, "bf16", 1, 576)  # f16 cache
+    assert est.breakdown["kv_cache"] == E.kv_cache_bytes(shape, "bf16", 1, 512, 63)  # f16 cache, 575 tokens
     out = subprocess.run([sys.executable, "-m", "harness", "plan", "--config", str(path), "--budget", "6GiB", "--json"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -245,6 +245,14 @@ def _meta_cached_dims(config: dict) -> ModelShape:
         return base
 
 
+def _layer_list_length(config: dict) -> int | None:
+    """Layers of a config that lists them instead (Nemotron-H's layers_block_type)."""
+    for key in ("layer_types", "layers_block_type"):
+        if isinstance(config.get(key), list) and config[key]:
+            return len(config[key])
+    return None
+
+
 def _generic_dims(config: dict) -> ModelShape:
     """Dimensions of an unknown decoder from the usual config fields (no parameter layout)."""
     h = _require_int(config, "hidden_size")
@@ -254,7 +262,7 @@ def _generic_dims(config: dict) -> ModelShape:
     return ModelShape(
         family=_family(config) or "unknown", hidden=h,
         intermediate=_require_int(config, "intermediate_size", 4 * h),
-        layers=_require_int(config, "num_hidden_layers"), heads=heads, kv_heads=kv_heads,
+        layers=_require_int(config, "num_hidden_layers", _layer_list_length(config)), heads=heads, kv_heads=kv_heads,
         head_dim=head_dim, vocab=_require_int(config, "vocab_size"),
         tied=bool(config.get("tie_word_embeddings", _family(config) in TIED_BY_DEFAULT)), linears=(),
         embedding_params=0, lm_head_params=0, norm_params=0, bias_params=0, norm_tensors=0, bias_tensors=0,

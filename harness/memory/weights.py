@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from ..errors import UsageError
+from .cache_layout import cache_bytes, layer_bytes
 from .shape import ModelShape
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "nf4", "nf4-dq", "fp4", "fp4-dq", "w4a16")
@@ -76,9 +77,21 @@ def weight_bytes(shape: ModelShape, precision: str, train_prepared: bool = False
     return sum(weight_breakdown(shape, precision, train_prepared).values())
 
 
-def kv_cache_bytes(shape: ModelShape, precision: str, batch: int, tokens: int) -> int:
-    per_layer = 2 * block_rounded(shape.kv_heads * shape.head_dim * dtype_bytes(precision) * batch * tokens)
+def kv_cache_bytes(shape: ModelShape, precision: str, batch: int, tokens: int, decode_steps: int = 0) -> int:
+    """The generation cache after a prefill of `tokens` and `decode_steps` one-token steps, layer by
+    layer as transformers' cache classes hold it (cache_layout.py); without a layout (a GGUF
+    file's shape) every layer a full K/V cache."""
+    if shape.cache is not None:
+        return cache_bytes(shape.cache, dtype_bytes(precision), batch, tokens, decode_steps)
+    per_layer = 2 * block_rounded(shape.kv_heads * shape.head_dim * dtype_bytes(precision) * batch * (tokens + decode_steps))
     return shape.layers * per_layer
+
+
+def largest_cache_layer_bytes(shape: ModelShape, precision: str, batch: int, tokens: int) -> int:
+    """One layer's cache at `tokens` (the largest): what a decode step's torch.cat holds twice."""
+    if shape.cache is not None:
+        return max((layer_bytes(layer, dtype_bytes(precision), batch, tokens) for layer in shape.cache), default=0)
+    return kv_cache_bytes(shape, precision, batch, tokens) // max(shape.layers, 1)
 
 
 def accelerate_style_bytes(shape: ModelShape, precision: str) -> int:
