@@ -13,6 +13,8 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .hw.pci import PciGpu, gpus_line, missing_driver_fix, nvidia_gpus
+
 
 @dataclass
 class NvmlGpu:
@@ -77,6 +79,7 @@ class Environment:
     packages: dict[str, str | None]
     vllm: VllmProbe
     driver_evidence: list[str] = field(default_factory=list)  # files that show a driver is installed
+    pci_gpus: list[PciGpu] | None = None  # NVIDIA GPUs on the PCI bus (sysfs); None: the bus could not be read
 
     @property
     def driver_present(self) -> bool:
@@ -204,7 +207,7 @@ def _why_failed(proc: subprocess.CompletedProcess) -> str:
 def probe_vllm(python: str | Path | None, timeout: float = 30) -> VllmProbe:
     """vLLM's version in another interpreter, from package metadata (no slow `import vllm`)."""
     if python is None:
-        return VllmProbe(None, error="no vLLM interpreter found (--vllm-python, or run the README's set-up)")
+        return VllmProbe(None, error="no vLLM interpreter found (--vllm-python PATH, or build the CPU one: scripts/setup --serving)")
     python = str(python)
     try:
         out = subprocess.run([python, "-c", _VLLM_VERSION], capture_output=True, text=True, timeout=timeout)
@@ -231,6 +234,7 @@ def probe_environment(vllm_python: str | Path | None = None) -> Environment:
         packages=probe_packages(),
         vllm=probe_vllm(vllm_python),
         driver_evidence=[p for p in DRIVER_FILES if os.path.exists(p)],
+        pci_gpus=nvidia_gpus(),
     )
 
 
@@ -241,8 +245,18 @@ def gpu_readiness(env: Environment) -> Readiness:
         names = ", ".join(d.name for d in t.devices)
         return Readiness("ready", f"{t.device_count} GPU(s): {names}")
     if not env.driver_present:
+        if env.pci_gpus:  # a card the kernel sees that no driver serves: broken, not absent
+            return Readiness("broken", missing_driver_reason(env))
+        if env.pci_gpus is not None:
+            return Readiness("absent", "no NVIDIA driver found and no NVIDIA device on the PCI bus (CPU-only)")
         return Readiness("absent", env.nvml.reason or "no NVIDIA driver found")
     return Readiness("broken", diagnose_torch_cuda(env))
+
+
+def missing_driver_reason(env: Environment) -> str:
+    """NVIDIA GPU(s) on the PCI bus but no usable driver: what was seen, and the fix."""
+    gpus = env.pci_gpus or []
+    return f"{gpus_line(gpus)} but no usable NVIDIA driver: {missing_driver_fix(gpus)}"
 
 
 def diagnose_torch_cuda(env: Environment) -> str:

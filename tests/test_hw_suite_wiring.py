@@ -53,7 +53,7 @@ def test_failed_check_carries_fix_into_results_and_readiness_table(tmp_path):
     environment = results["environment"]
     if not environment["driver_present"]:  # CPU machine: the GPU check skipped with the probe's reason
         assert tests["test_arch_list"]["outcome"] == "skipped"
-        assert tests["test_arch_list"]["message"] == environment["nvml"]["reason"]
+        assert tests["test_arch_list"]["message"] == results["machine"]["gpu"]["reason"]
         assert rows["arch_list"]["verdict"] == "skip"
     html = (tmp_path / "reports" / "latest.html").read_text()
     assert "Readiness" in html and "native extension is corrupt" in html

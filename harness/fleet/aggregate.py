@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .. import env as env_mod
+from ..hw.pci import from_dicts as pci_from_dicts
 from ..hw.references import FRACTION
 
 # check name (as in the hw suite's records) -> (key in its figures, unit, label)
@@ -98,7 +99,7 @@ def environment_from_dict(data: dict[str, Any]) -> env_mod.Environment:
     return env_mod.Environment(
         nvml=env_mod.NvmlProbe(**nvml), torch=env_mod.TorchProbe(**torch),
         packages=dict(data.get("packages") or {}), vllm=env_mod.VllmProbe(**(data.get("vllm") or {"python": None})),
-        driver_evidence=list(data.get("driver_evidence") or []))
+        driver_evidence=list(data.get("driver_evidence") or []), pci_gpus=pci_from_dicts(data.get("pci_gpus")))
 
 
 def versions_of(environment: dict[str, Any]) -> dict[str, str | None]:

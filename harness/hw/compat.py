@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from .pci import PciGpu, gpus_line, missing_driver_fix
 from .result import CheckResult
 
 # CUDA major -> oldest driver branch that runs it (minor-version compatibility).
@@ -52,10 +53,17 @@ def wheel_for_driver(cuda: tuple[int, int] | None) -> str:
 
 
 def check_driver(driver_version: str | None, cuda_driver_version: int | None, gpu_count: int,
-                 nvml_reason: str | None = None, driver_evidence: list[str] | None = None) -> CheckResult:
-    """The NVIDIA driver answers through NVML, with its version and max CUDA version."""
+                 nvml_reason: str | None = None, driver_evidence: list[str] | None = None,
+                 pci_gpus: list[PciGpu] | None = None, expect_gpu: bool = False) -> CheckResult:
+    """The NVIDIA driver answers through NVML, with its version and max CUDA version. With no driver:
+    an NVIDIA GPU on the PCI bus (`pci_gpus`, None when the bus could not be read) or --expect-gpu
+    makes it a failure; only a box with neither is a skip (CPU-only)."""
     expectation = "an NVIDIA driver that NVML can talk to, >= 525 (CUDA 12) or >= 580 (CUDA 13)"
     if driver_version is None:
+        detail = re.sub(r"^no NVIDIA driver found \((.*)\)$", r"\1", nvml_reason or "NVML did not answer")
+        if pci_gpus and not driver_evidence:
+            return CheckResult("driver", "fail", f"{gpus_line(pci_gpus)} but no usable NVIDIA driver ({detail})",
+                               expectation, missing_driver_fix(pci_gpus), {"pci_gpus": [g.address for g in pci_gpus]})
         if driver_evidence:
             reason = nvml_reason or "NVML did not answer"
             fix = REBOOT + " (a loaded kernel module older than the installed libraries gives this)"
@@ -63,7 +71,15 @@ def check_driver(driver_version: str | None, cuda_driver_version: int | None, gp
                 fix = f"driver/library version mismatch: {REBOOT}"
             return CheckResult("driver", "fail", f"driver files present ({', '.join(driver_evidence)}) but {reason}",
                                expectation, fix)
-        return CheckResult("driver", "skip", nvml_reason or "no NVIDIA driver found", expectation)
+        if pci_gpus is not None:
+            value = f"CPU-only: no NVIDIA device on the PCI bus and no NVIDIA driver ({detail})"
+        else:
+            value = f"no NVIDIA driver found ({detail}; the PCI bus could not be read)"
+        if expect_gpu:
+            return CheckResult("driver", "fail", f"--expect-gpu: {value}", expectation,
+                               "run on the GPU machine, or check that the card is seated and powered and shows in "
+                               "`lspci -nn | grep -i nvidia`")
+        return CheckResult("driver", "skip", value, expectation)
     cuda = driver_cuda(cuda_driver_version)
     value = f"driver {driver_version}, CUDA up to {cuda[0]}.{cuda[1]}" if cuda else f"driver {driver_version}"
     value += f", {gpu_count} GPU(s)"

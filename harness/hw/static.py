@@ -11,7 +11,7 @@ from .result import CheckResult, combine
 def static_checks(environment: env_mod.Environment, cuda_visible_devices: str | None) -> list[CheckResult]:
     n, t = environment.nvml, environment.torch
     out = [compat.check_driver(n.driver_version, n.cuda_driver_version, len(n.gpus), n.reason,
-                               environment.driver_evidence)]
+                               environment.driver_evidence, environment.pci_gpus)]
     if not environment.driver_present:
         return out
     diagnosis = None if t.cuda_available else env_mod.diagnose_torch_cuda(environment)

@@ -33,7 +33,7 @@ _SIGNALS = {-4: "SIGILL", -6: "SIGABRT", -7: "SIGBUS", -9: "SIGKILL", -11: "SIGS
 def check_vllm_import(python: str | None, timeout: float = 180) -> CheckResult:
     check, exp = "vllm_importable", "`import vllm` and the native kernels its platform picks load in the vLLM interpreter"
     if not python:
-        return CheckResult(check, "skip", "no vLLM interpreter (--vllm-python)", exp)
+        return CheckResult(check, "skip", "no vLLM interpreter (--vllm-python PATH, or build the CPU one: scripts/setup --serving)", exp)
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([str(python), "-c", _IMPORT], capture_output=True, text=True, timeout=timeout)

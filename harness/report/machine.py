@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import env as env_mod
+from ..hw.pci import from_dicts as pci_from_dicts
 
 
 def environment(data: dict[str, Any]) -> env_mod.Environment:
@@ -20,6 +21,7 @@ def environment(data: dict[str, Any]) -> env_mod.Environment:
         packages=dict(data.get("packages") or {}),
         vllm=env_mod.VllmProbe(**(data.get("vllm") or {"python": None})),
         driver_evidence=list(data.get("driver_evidence") or []),
+        pci_gpus=pci_from_dicts(data.get("pci_gpus")),
     )
 
 

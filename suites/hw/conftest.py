@@ -1,19 +1,119 @@
 """Fixtures of the hardware suite: one CheckResult per test, turned into a verdict, a record and a
-row of the report's Readiness table."""
+row of the report's Readiness table; and the machine's verdict as the run's last line
+(harness.hw.verdict: READY, CPU-only, NOT READY, NO VERDICT), with the exit code that agrees.
+
+When no GPU can be used and a check says why (the driver check, or torch's CUDA build), the checks
+that need the GPU are not run: the cause is named once, by that check, not once per GPU check."""
 
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 
+from harness import env as env_mod
 from harness.hw import CheckResult
+from harness.hw import verdict as machine
 
 READINESS = "Readiness"
+HERE = Path(__file__).resolve().parent
 
 
-class HardwareWarning(UserWarning):
-    """A check that passed with a caveat the owner should read (shown in pytest's warnings summary)."""
+def _in_suite(item_or_report) -> bool:
+    path = getattr(item_or_report, "path", None)
+    if path is None:  # a report: its nodeid is relative to the rootdir
+        return item_or_report.nodeid.replace("\\", "/").split("::")[0].startswith("suites/hw/")
+    return HERE in Path(path).resolve().parents
+
+
+def _run(config):
+    from harness.plugin_run import run_state
+
+    return run_state(config)
+
+
+def _root_cause_named(run) -> bool:
+    """No usable GPU, and a check of this suite will fail saying why: a driverless card on the PCI
+    bus or driver files NVML cannot use (driver), a driver torch cannot use (torch_cuda_build), or
+    --expect-gpu on a box without one (driver)."""
+    readiness = env_mod.gpu_readiness(run.environment)
+    return readiness.state == "broken" or (readiness.state == "absent" and run.settings.expect_gpu)
+
+
+def _not_run(run) -> str:
+    """The skip reason of a check that needs the GPU, naming the check that fails with the cause."""
+    cause = "driver" if not run.environment.nvml.available else "torch_cuda_build"
+    return f"not run: no usable GPU (the {cause} check fails with the cause)"
+
+
+def pytest_collection_modifyitems(config, items):
+    run = _run(config)
+    if run is None or not _root_cause_named(run) or run.settings.device == "cpu":
+        return
+    for item in items:
+        if _in_suite(item) and {m.name for m in item.iter_markers()} & {"gpu", "multi_gpu"}:
+            item.add_marker(pytest.mark.skip(reason=_not_run(run)))
+
+
+class MachineVerdictPlugin:
+    """Collects each hw check's outcome; at the end sets the exit code and prints the verdict last."""
+
+    def __init__(self, config):
+        self.config = config
+        self.outcomes: list[machine.CheckOutcome] = []
+        self.verdict: machine.MachineVerdict | None = None
+
+    def active(self) -> bool:
+        """The controller of a `pytest suites/hw` run (not an xdist worker, not a mixed or collect-only run)."""
+        from harness.plugin_run import suite_name
+
+        config = self.config
+        return (not hasattr(config, "workerinput") and not config.option.collectonly
+                and _run(config) is not None and suite_name(config) == "hw")
+
+    def pytest_runtest_logreport(self, report):
+        if not _in_suite(report) or not (report.when == "call" or (report.when == "setup" and not report.passed)
+                                          or (report.when == "teardown" and report.failed)):
+            return
+        from harness.plugin_run import message_of, outcome_of
+
+        check = report.nodeid.split("::")[-1].removeprefix("test_")
+        record = dict(tuple(p) for p in report.user_properties)
+        warned = record.get("verdict") == "warn"
+        message = message_of(report) or ""
+        if record.get("verdict") == "fail" and record.get("value"):  # the cause and its fix, without the expectation
+            message = f"{check}: {record['value']}" + (f". Fix: {record['fix']}" if record.get("fix") else "")
+        if report.when == "teardown" and self.outcomes and self.outcomes[-1].check == check:
+            self.outcomes.pop()  # a teardown error replaces the call's outcome
+        self.outcomes.append(machine.CheckOutcome(check, outcome_of(report), message, warned))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        if not self.active():
+            return
+        run = _run(self.config)
+        readiness = env_mod.gpu_readiness(run.environment)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        deselected = len(reporter.stats.get("deselected", [])) if reporter else 0
+        self.verdict = machine.decide(self.outcomes, readiness.state, readiness.reason,
+                                      run.environment.pci_gpus is not None,
+                                      interrupted=exitstatus == pytest.ExitCode.INTERRUPTED, deselected=deselected)
+        if self.verdict.exit_code and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = self.verdict.exit_code
+
+    def pytest_unconfigure(self, config):
+        """After pytest's own summary line: the verdict is the run's last line."""
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if self.verdict is None or reporter is None:
+            return
+        good = self.verdict.exit_code == 0
+        reporter.write_line(self.verdict.line, green=good, red=not good, bold=True)
+
+
+def pytest_configure(config):
+    if not config.pluginmanager.has_plugin("harness-hw-verdict"):
+        config.pluginmanager.register(MachineVerdictPlugin(config), "harness-hw-verdict")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -54,10 +154,14 @@ def verdict(record):
 
 
 @pytest.fixture(scope="session")
-def driver(harness_env):
-    """The NVML probe; skips with the probe's reason when no NVIDIA driver is installed."""
+def driver(harness_run, harness_env):
+    """The NVML probe. Without a driver: a skip, with the probe's reason on a CPU-only box, or
+    pointing at the driver check where that check fails with the cause (a GPU on the PCI bus, or
+    --expect-gpu)."""
     if not harness_env.driver_present:
-        pytest.skip(harness_env.nvml.reason or "no NVIDIA driver found")
+        if _root_cause_named(harness_run):
+            pytest.skip(_not_run(harness_run))
+        pytest.skip(env_mod.gpu_readiness(harness_env).reason)
     return harness_env.nvml
 
 
