@@ -31,7 +31,7 @@ from ..errors import UsageError
 from .calibration import (CALIBRATION, calibration_key, features, features_for, linear_sum,  # noqa: F401
                           precision_group, train_act_bytes, transient_bytes)
 from .cache_layout import summary as cache_summary
-from .families import inference_terms, sdpa_masked_layers, train_terms, verification
+from .families import eager_attention_base, inference_terms, sdpa_masked_layers, train_terms, verification
 from .lora import (DEFAULT_LORA_TARGETS, OPTIMIZERS, LoraTargets, adapter_bytes, check_lora_targets,  # noqa: F401
                    lora_params, optimizer_name, resolve_lora_targets)
 from .recompute import layer_peak
@@ -177,8 +177,10 @@ def _estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> E
                         source=shape.source, reserve_bytes=int(peak * reserve))
     kv_prefill = kv_cache_bytes(shape, p, q.batch, q.seq_len)
     logits = block_rounded(q.batch * shape.vocab * act) + block_rounded(q.batch * shape.vocab * 4)
-    scores = inference_terms(shape, shape.traits, q.batch, q.seq_len, act)  # eager attention families
-    transient = transient_bytes(f"prefill/{group}", feats, calibration) + scores
+    scores = inference_terms(shape, shape.traits, q.batch, q.seq_len, act, p == "fp16")  # eager attention families
+    transient = transient_bytes(f"prefill/{group}", feats, calibration)
+    if scores:  # eager attention peaks at its softmax, the fitted transient at the MLP: the larger
+        transient = max(transient, scores + eager_attention_base(shape, q.batch, q.seq_len, act))
     prefill_peak = weights + kv_prefill + transient + logits
     breakdown.update(kv_cache=kv_prefill, activations=transient, logits=logits)
     if shape.cache is not None:
@@ -194,7 +196,7 @@ def _estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> E
         one_layer = largest_cache_layer_bytes(shape, p, q.batch, total)  # torch.cat: old + new of one layer
         dfeats = features(shape, p, q.batch, 1, act)
         decode_peak = (weights + kv_final + one_layer + transient_bytes(f"prefill/{group}", dfeats, calibration)
-                       + inference_terms(shape, shape.traits, q.batch, 1, act) + logits)
+                       + inference_terms(shape, shape.traits, q.batch, 1, act, p == "fp16") + logits)
         breakdown.update(kv_cache=kv_final, decode_peak=decode_peak, prefill_peak=prefill_peak)
         peak = max(prefill_peak, decode_peak)
     return Estimate(p, q.mode, q.seq_len, q.batch, int(peak), breakdown, new_tokens=q.new_tokens

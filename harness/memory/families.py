@@ -275,11 +275,28 @@ def train_terms(shape, traits: FamilyTraits | None, q, act: int, logit_bytes: in
     return out
 
 
-def inference_terms(shape, traits: FamilyTraits | None, batch: int, seq: int, act: int) -> int:
-    """Extra transient of a prefill for this family: eager attention's scores of one layer (the
-    scaled, capped scores in the activation dtype beside their fp32 softmax) and its float masks."""
+def inference_terms(shape, traits: FamilyTraits | None, batch: int, seq: int, act: int, fp16: bool = False) -> int:
+    """Extra transient of a prefill for this family: eager attention's scores of one layer at the
+    softmax, where eager_attention_forward peaks (`softmax(w, dtype=float32).to(query.dtype)`):
+    ATen's softmax converts a bf16 input with toType before _softmax (only fp16 on CUDA takes the
+    half_to_float kernel), so the input, its fp32 copy and the fp32 output are alive at once; and the
+    float masks, one per layer type. The eager prefill traced on the meta device (transformers
+    5.25, gemma-2-2b bf16, 1024-4096 tokens) peaks within 3% of this (docs/vram.md)."""
     if traits is None or traits.attention != "eager":
         return 0
     sc = score_elements(shape, batch, seq, seq)
     masks = 2 if traits.sliding_layers else 1
-    return sc * (act + 4) + masks * batch * seq * seq * act
+    return sc * eager_softmax_bytes_per_score(act, fp16) + masks * batch * seq * seq * act
+
+
+def eager_attention_base(shape, batch: int, seq: int, act: int) -> int:
+    """What else is alive beside the scores at eager attention's softmax: the residual stream and
+    its normed copy (hidden), the query, and K and V repeated to every head (repeat_kv). The
+    attention's peak is this plus inference_terms; the fitted SDPA transient (the MLP's peak) is the
+    other candidate, so the prefill's transient is the larger of the two."""
+    return batch * seq * act * (2 * shape.hidden + 3 * shape.heads * shape.head_dim)
+
+
+def eager_softmax_bytes_per_score(act: int, fp16: bool = False) -> int:
+    """Live bytes per score element at eager attention's softmax (inference)."""
+    return act + 4 + (4 if act != 4 and not fp16 else 0)
