@@ -256,6 +256,9 @@ COVERED_ELSEWHERE |= {"quant.packed_tensor", "quant.scales", "quant.zero_points"
                       "quant.ignored_but_quantized", "quant.kernel_dims"}
 # GGUF-directory codes: tests/test_gguf_dir.py (harness/modeldir/gguf_dir.py)
 COVERED_ELSEWHERE |= {code for code in CODES if code.startswith("gguf.")}
+# directory-level codes (issue 43): tests/test_modeldir_directory.py (tests/modeldir_cases.py)
+COVERED_ELSEWHERE |= {"chat_template.invalid", "chat_template.unsafe", "config.non_finite", "config.out_of_range",
+                      "tensor.constant"}
 
 
 @pytest.mark.parametrize("code,which,edit", CASES, ids=[c[0] for c in CASES])

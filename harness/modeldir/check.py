@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from . import consistency, deep as deep_scan, gguf_dir, quantization
+from . import consistency, deep as deep_scan, directory_rules, gguf_dir, quantization, weight_sample
 from .findings import WARNING, Collector, DirReport
 from .paths import DirView, NotAFile, PathEscape
-from .loader_verdict import merge
+from .loader_verdict import inert_text, merge
 from .pickle_scan import PickleScan, scan_pickle_file
 from .read_child import read_all
 from .safetensors_header import HeaderProblem, SafetensorsHeader, read_header
@@ -24,7 +24,8 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
     unreadable or empty; everything else is a finding in the returned DirReport."""
     view = DirView.open(path)
     out = Collector()
-    _check_entries(view, out, allow_remote_code, allow_pickle, progress)
+    reads = _check_entries(view, out, allow_remote_code, allow_pickle, progress)
+    refused = directory_rules.check_directory(view, out, reads, allow_remote_code)
     if gguf_dir.is_gguf_dir(view):  # llama.cpp's deliverable: architecture and tokenizer inside the file
         gguf_dir.check_gguf_dir(view, out, deep=deep)
         out.close()
@@ -34,7 +35,9 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
     expected = _expected(config, out) if config is not None else None  # also: does transformers accept it?
     tokenizer_json = _check_tokenizer(view, out, allow_remote_code)
     _check_generation_config(view, out, config)
-    headers, stored, weights_whole = _check_weights(view, out)
+    headers, stored, weights_whole = _check_weights(view, out, refused)
+    if headers and not deep:
+        weight_sample.sample_weights(view, headers, out)
 
     if stored:
         leftovers = consistency.adapter_keys(stored)
@@ -79,7 +82,7 @@ def _loader_reads(view: DirView, progress: bool = False) -> dict:
 
 
 def _check_entries(view: DirView, out: Collector, allow_remote_code: bool, allow_pickle: bool,
-                   progress: bool = False) -> None:
+                   progress: bool = False) -> dict:
     reads = _loader_reads(view, progress)
     for rel, entry in view.entries.items():
         if entry.kind == "symlink" and not entry.inside:
@@ -98,11 +101,8 @@ def _check_entries(view: DirView, out: Collector, allow_remote_code: bool, allow
             continue
         if not view.exists(rel):
             continue
-        if rel.endswith(".py"):
-            out.add("safety.python_file", rel,
-                    "Python code in a model directory runs under trust_remote_code: remove it, or pass --allow-remote-code "
-                    "if you reviewed it", severity=WARNING if allow_remote_code else None)
         _check_pickle(view, rel, out, allow_pickle, reads.get(rel))
+    return reads
 
 
 def _check_pickle(view: DirView, rel: str, out: Collector, allow_pickle: bool, read=None) -> None:
@@ -118,6 +118,8 @@ def _check_pickle(view: DirView, rel: str, out: Collector, allow_pickle: bool, r
                 f"the pickle scan failed ({type(exc).__name__}: {exc}): do not load this file")
         return
     scan = merge(scan, read)
+    if scan.is_pickle and inert_text(read, view.read_bytes(rel, 65536)):
+        return  # text no unpickler gets past its first import (handler.py, a README): not a pickle
     if scan.is_pickle:
         _report_pickle(rel, scan, out, allow_pickle)
 
@@ -178,11 +180,6 @@ def _check_config(view: DirView, out: Collector, allow_remote_code: bool) -> dic
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         out.add("config.invalid", "config.json", "config.json has no model_type: copy it from the base model")
         return None
-    if config.get("auto_map"):
-        out.add("safety.remote_code", "config.json",
-                f"auto_map {sorted(config['auto_map'])} makes trust_remote_code run code from the directory: remove auto_map "
-                "for a built-in architecture, or pass --allow-remote-code after reviewing it",
-                severity=WARNING if allow_remote_code else None)
     return config
 
 
@@ -201,10 +198,6 @@ def _check_tokenizer(view: DirView, out: Collector, allow_remote_code: bool) -> 
     elif present:
         out.add("tokenizer.config_missing", "tokenizer_config.json",
                 "no tokenizer_config.json: special tokens and the chat template are unknown; save the tokenizer again")
-    if isinstance(tok_config, dict) and tok_config.get("auto_map"):
-        out.add("safety.remote_code", "tokenizer_config.json",
-                "auto_map in tokenizer_config.json runs tokenizer code from the directory: remove it, or pass --allow-remote-code",
-                severity=WARNING if allow_remote_code else None)
     has_template = (view.exists("chat_template.jinja") or view.exists("chat_template.json")
                     or (isinstance(tok_config, dict) and bool(tok_config.get("chat_template"))))
     if not has_template and present:
@@ -245,7 +238,7 @@ def _oserror(exc: Exception) -> str:
 
 # -- weights ------------------------------------------------------------------------------------
 
-def _check_weights(view: DirView, out: Collector):
+def _check_weights(view: DirView, out: Collector, refused: set[str]):
     """Headers of every weights file; returns (headers, stored name -> (file, info), whole)."""
     top = set(view.top_level())
     safetensors = sorted(f for f in top if f.endswith(".safetensors") and not f.startswith("adapter_model")
@@ -299,7 +292,7 @@ def _check_weights(view: DirView, out: Collector):
     headers: dict[str, SafetensorsHeader] = {}
     stored: dict[str, tuple[str, object]] = {}
     for shard in shards:
-        header = _header(view, shard, out)
+        header = None if shard in refused else _header(view, shard, out)  # refused: reported already
         if header is None:
             whole = False
             continue
@@ -327,6 +320,10 @@ def _index_shards(view: DirView, out: Collector) -> list[str] | None:
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         out.add("weights.index_invalid", INDEX, f"{INDEX} has no weight_map of tensor names to files: save the model again")
         return None
+    if not isinstance(index.get("metadata"), dict):
+        out.add("weights.index_invalid", INDEX,
+                f"{INDEX} has no metadata object: transformers 5 reads index['metadata'] and fails with "
+                "KeyError: 'metadata'; add \"metadata\": {\"total_size\": <bytes>} or save the model again")
     shards: list[str] = []
     for target in dict.fromkeys(weight_map.values()):
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .findings import Collector
+from .findings import WARNING, Collector
 from .safetensors_header import FLOAT_DTYPES, TensorInfo
 
 CONFIG_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
@@ -64,13 +64,15 @@ def check_tensors(expected: ExpectedModel, stored: dict[str, tuple[str, TensorIn
                   quantized: bool) -> None:
     """Missing / unexpected / misshaped parameters, tied embeddings and vocab rows."""
     leftovers = set(adapter_keys(stored))
-    unexpected, misshaped, missing = [], [], []
+    unexpected, misshaped, missing, empty = [], [], [], []
     for name, (path, info) in sorted(stored.items()):
         if name in leftovers:
             continue
         want = expected.shapes.get(name)
         if want is None:
-            if not quantized:
+            if not quantized and info.numel == 0:  # transformers drops it with a warning: nothing to load
+                empty.append((path, f"{name} {list(info.shape)}"))
+            elif not quantized:
                 unexpected.append((path, f"{name} {list(info.shape)}"))
         elif want != info.shape and not quantized and name not in (expected.embed_key, expected.lm_head_key):
             misshaped.append((path, f"{name} is {list(info.shape)}, expected {list(want)}"))
@@ -81,6 +83,10 @@ def check_tensors(expected: ExpectedModel, stored: dict[str, tuple[str, TensorIn
             continue
         missing.append((".", f"{name} {list(want)}"))
 
+    if empty:
+        out.add("arch.unexpected_tensor", empty[0][0],
+                f"{_listing(empty)} empty and not parameters of this architecture: transformers drops them with a "
+                "warning; remove them", severity=WARNING)
     if unexpected:
         out.add("arch.unexpected_tensor", unexpected[0][0],
                 f"{_listing(unexpected)} not parameters of this architecture: remove them, or fix config.json")

@@ -66,3 +66,25 @@ def _globals(scan: PickleScan, read: LoaderRead) -> None:
             scan.known_safe.append(f"{full} ({verdict.reason})")
         else:
             scan.refused.append(f"imports {full}, outside torch's allow-list")
+
+
+def inert_text(read: LoaderRead | ReadFailure | None, head: bytes) -> bool:
+    """A text file (UTF-8, no NUL) that every real unpickler stops on before anything could run:
+    each stream fails, and its first import names no importable module (`class Handler:` read as
+    GLOBAL 'lass Handler:'): find_class fails there, and a pickle calls nothing it has not imported.
+    handler.py or a README is not a pickle; a protocol-0 pickle that imports `os` still is."""
+    # (readers that "disagree" on such a file only disagree on where they fail: ignored here)
+    if not isinstance(read, LoaderRead) or read.format_errors or not read.streams or b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:  # a character cut at the end of the sample is still text
+            return False
+    return all(not s.read.complete and (not s.read.globals or not _importable(*s.read.globals[0]))
+               for s in read.streams)
+
+
+def _importable(module: str, name: str) -> bool:
+    return all(part.isidentifier() for part in module.split(".")) and \
+        all(part.isidentifier() for part in name.split("."))

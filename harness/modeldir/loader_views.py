@@ -30,6 +30,7 @@ import warnings
 import zipfile
 from dataclasses import dataclass, field
 
+from . import format_reads
 from .real_unpickle import StreamRead, read_bytes, read_stream
 
 TORCH_MAGIC = 0x1950A86A20F9469CFC6C
@@ -55,6 +56,7 @@ class LoaderRead:
     weights_only: str | None = None  # torch.load(weights_only=True)'s refusal, in torch's words
     torch_reads: bool = False  # torch.load would unpickle something from it
     safe_format: str | None = None  # "safetensors" / "gguf" / "npy": its own parser read it whole
+    format_errors: list[tuple[str, str]] = field(default_factory=list)  # (code, message): its parser refuses it
 
     @property
     def globals(self) -> list[tuple[str, str, str]]:
@@ -66,6 +68,7 @@ def read_file(path: str, rel: str) -> LoaderRead:
     with open(path, "rb") as fh:
         head = fh.read(64)
         size = fh.seek(0, 2)
+    out.format_errors = format_reads.judge(path, rel, head, size)
     _claims(path, head, size, out)
     _numpy(path, head, out)
     if head.startswith(COMPRESSED_MAGIC):
@@ -78,21 +81,12 @@ def read_file(path: str, rel: str) -> LoaderRead:
 
 # -- safe-format claims -------------------------------------------------------------------------------
 
-def _looks_safetensors(head: bytes, size: int) -> bool:
-    return len(head) >= 9 and head[8:9] == b"{" and 8 + int.from_bytes(head[:8], "little") <= size
-
-
 def _claims(path: str, head: bytes, size: int, out: LoaderRead) -> None:
-    if _looks_safetensors(head, size):
-        try:
-            from safetensors import safe_open
-
-            with safe_open(path, framework="numpy") as handle:
-                handle.keys()
+    if out.rel.endswith(".safetensors") or format_reads.looks_safetensors(head, size):
+        # judged by safetensors' own parser in format_reads: its refusal is a format error
+        if not any(code.startswith("safetensors.") for code, _ in out.format_errors):
             out.safe_format = "safetensors"
             out.formats.append("safetensors")
-        except Exception as exc:  # noqa: BLE001 - safetensors' own refusal is the finding
-            out.unverifiable.append(f"it begins like safetensors but safetensors cannot read it ({_line(exc)})")
     elif head.startswith(b"GGUF"):
         try:
             from gguf import GGUFReader

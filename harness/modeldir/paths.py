@@ -42,6 +42,8 @@ class DirView:
     root: Path
     entries: dict[str, Entry] = field(default_factory=dict)
     bytes_read: int = 0
+    blobs: Path | None = None  # a Hugging Face cache snapshot's own blobs/ folder: links into it stay inside
+    _json: dict = field(default_factory=dict, repr=False)  # rel -> parsed JSON (or the ValueError), read once
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "DirView":
@@ -63,6 +65,7 @@ class DirView:
         if not names:
             raise UsageError(f"{raw}: the directory is empty")
         view = cls(root=raw.resolve())
+        view.blobs = hf_cache_blobs(view.root)
         view._walk(view.root, "")
         return view
 
@@ -77,7 +80,7 @@ class DirView:
             st = item.stat(follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 target = os.path.realpath(item.path)
-                inside = _is_inside(Path(target), self.root)
+                inside = self._inside(Path(target))
                 self.entries[rel] = Entry(rel, "symlink", 0, target, inside)
             elif stat.S_ISDIR(st.st_mode):
                 self.entries[rel] = Entry(rel, "dir")
@@ -91,6 +94,12 @@ class DirView:
                 self.entries[rel] = Entry(rel, "file", st.st_size)
             else:
                 self.entries[rel] = Entry(rel, "special")
+
+    def _inside(self, real: Path) -> bool:
+        """Inside the directory, or a file in the cache's own blobs/ when DIR is a cache snapshot."""
+        if _is_inside(real, self.root):
+            return True
+        return self.blobs is not None and real.parent == self.blobs
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -114,7 +123,7 @@ class DirView:
         if pure.is_absolute() or rel.startswith("\\") or (len(rel) > 1 and rel[1] == ":"):
             raise PathEscape(f"{rel!r} is an absolute path")
         real = Path(os.path.realpath(self.root / rel))
-        if not _is_inside(real, self.root):
+        if not self._inside(real):
             raise PathEscape(f"{rel!r} resolves to {real}, outside the directory")
         return real
 
@@ -135,6 +144,16 @@ class DirView:
 
     def read_json(self, rel: str):
         """Parse a JSON file inside the directory; ValueError with a short reason if it is not."""
+        if rel not in self._json:
+            try:
+                self._json[rel] = self._parse_json(rel)
+            except ValueError as exc:
+                self._json[rel] = exc
+        if isinstance(self._json[rel], ValueError):
+            raise self._json[rel]
+        return self._json[rel]
+
+    def _parse_json(self, rel: str):
         if self.size(rel) > MAX_JSON_BYTES:
             raise ValueError(f"larger than {MAX_JSON_BYTES // 2**20} MiB")
         data = self.read_bytes(rel, MAX_JSON_BYTES + 1)
@@ -185,6 +204,18 @@ class _CountingFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def hf_cache_blobs(root: Path) -> Path | None:
+    """huggingface_hub's cache layout: <cache>/models--org--name/snapshots/<revision>/<file> are
+    symlinks to ../../blobs/<hash>. For such a snapshot, that blobs/ folder (which the cache alone
+    writes); None otherwise."""
+    snapshots = root.parent
+    repo = snapshots.parent
+    if snapshots.name != "snapshots" or not repo.name.startswith(("models--", "datasets--", "spaces--")):
+        return None
+    blobs = repo / "blobs"
+    return blobs if blobs.is_dir() and not blobs.is_symlink() else None
 
 
 def _is_inside(path: Path, root: Path) -> bool:

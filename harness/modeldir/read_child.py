@@ -35,16 +35,17 @@ class ReadFailure:
 
 
 def read_all(files: list[tuple[str, str]], seconds: float = READ_SECONDS, memory: int = READ_MEMORY_BYTES,
-             progress: bool = False) -> dict[str, LoaderRead | ReadFailure]:
-    """files: (absolute path, relative name). Returns rel -> LoaderRead, or ReadFailure. With
-    progress, a line on stderr every 2 s once reading takes longer than that."""
+             progress: bool = False, reader=read_file) -> dict[str, LoaderRead | ReadFailure]:
+    """files: (absolute path, relative name). Returns rel -> LoaderRead (or what `reader(path, rel)`
+    returns: it runs in the forked child), or ReadFailure. With progress, a line on stderr every
+    2 s once reading takes longer than that."""
     _preload()
 
     results: dict[str, LoaderRead | ReadFailure] = {}
     left = list(files)
     note = _Progress(len(files)) if progress else None
     while left:
-        got = _one_child(left, seconds, memory, note)
+        got = _one_child(left, seconds, memory, note, reader)
         for rel, value in got.items():
             results[rel] = value
         left = [item for item in left if item[1] not in results]
@@ -56,7 +57,7 @@ def _preload() -> None:
     import importlib
 
     for module in ("torch", "torch.serialization", "torch._weights_only_unpickler", "numpy", "safetensors",
-                   "joblib.numpy_pickle", "gguf"):
+                   "joblib.numpy_pickle", "gguf", "tokenizers"):
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - a missing reader fails closed in the child
@@ -81,12 +82,13 @@ class _Progress:
             print(f"\r[check-dir] read {self.total} files in {now - self.started:.1f} s", file=sys.stderr, flush=True)
 
 
-def _one_child(files: list[tuple[str, str]], seconds: float, memory: int, note: _Progress | None = None) -> dict:
+def _one_child(files: list[tuple[str, str]], seconds: float, memory: int, note: _Progress | None = None,
+               reader=read_file) -> dict:
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(read_end)
-        _child(files, write_end, memory)
+        _child(files, write_end, memory, reader)
     os.close(write_end)
     got: dict = {}
     try:
@@ -109,7 +111,7 @@ def _one_child(files: list[tuple[str, str]], seconds: float, memory: int, note: 
     return got
 
 
-def _child(files: list[tuple[str, str]], fd: int, memory: int) -> None:
+def _child(files: list[tuple[str, str]], fd: int, memory: int, reader=read_file) -> None:
     code = 0
     try:
         _limit_memory(memory)
@@ -117,7 +119,7 @@ def _child(files: list[tuple[str, str]], fd: int, memory: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         for path, rel in files:
             try:
-                value: LoaderRead | ReadFailure = read_file(path, rel)
+                value: LoaderRead | ReadFailure = reader(path, rel)
             except MemoryError:
                 value = ReadFailure(rel, _memory_reason(memory))
             except Exception as exc:  # noqa: BLE001 - any reader failure is a verdict, never a crash
