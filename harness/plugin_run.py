@@ -10,6 +10,7 @@ HTML report and a JSON results file under reports/.
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from pathlib import Path
@@ -137,6 +138,20 @@ def record_of(report) -> dict:
     return record
 
 
+# Options under which pytest runs no test: such a run writes no report, no latest.* and no index
+# entry (an empty page would replace the last real run's).
+NO_RUN_OPTIONS = {"collectonly": "--collect-only", "setupplan": "--setup-plan", "help": "--help", "version": "--version",
+                  "showfixtures": "--fixtures", "show_fixtures_per_test": "--fixtures-per-test", "markers": "--markers"}
+# scripts/test names a file here; the run writes its report's paths into it (HTML, then JSON), so the
+# script's last line names the files this run wrote (--report-dir, HARNESS_REPORT_DIR included).
+REPORT_PATH_FILE_ENV = "HARNESS_REPORT_PATH_FILE"
+
+
+def runs_no_test(config) -> str | None:
+    """The option (as typed) that makes this pytest run no test, or None."""
+    return next((flag for name, flag in NO_RUN_OPTIONS.items() if getattr(config.option, name, False)), None)
+
+
 class HarnessRun:
     """One run: settings, environment, results (written after each test) and the report hooks."""
 
@@ -145,8 +160,12 @@ class HarnessRun:
         self.settings = settings
         self.environment = environment
         self.html_fragments: list[tuple[str, str]] = []
+        self.no_report = runs_no_test(config)  # the option that runs no test: nothing is written
+        # taken out of the environment: a pytest this run starts (pytester, a suite's subprocess) is not the run
+        self.report_path_file = os.environ.pop(REPORT_PATH_FILE_ENV, None)
         suite, stamp = suite_name(config), time.strftime("%Y%m%d-%H%M%S")
-        settings.report_dir.mkdir(parents=True, exist_ok=True)
+        if not self.no_report:
+            settings.report_dir.mkdir(parents=True, exist_ok=True)
         # The harness writes its own report (harness.report.run_html) next to the JSON; pytest-html
         # still writes one where --html asks for it. An xdist worker's results go to the controller.
         env_dict = environment.to_dict()
@@ -160,7 +179,14 @@ class HarnessRun:
             html_path=f"{suite}-{stamp}.html",
             started=started,
         )
-        self.results.write()
+        if settings.endpoint and not self.no_report:  # the machine line describes the server tested
+            from .report.server import line_with_server
+            from .serving.endpoint import server_identity
+
+            server = self.results.machine["server"] = server_identity(settings.endpoint)
+            self.results.machine["line"] = line_with_server(self.results.machine.get("line") or "", server)
+        if not self.no_report:
+            self.results.write()
 
     def pytest_report_header(self, config):
         readiness = env_mod.gpu_readiness(self.environment)
@@ -209,6 +235,8 @@ class HarnessRun:
             report.harness_benchmark = benchmark_stats(item)
 
     def pytest_runtest_logreport(self, report):
+        if self.no_report:  # --setup-plan reports tests it did not run
+            return
         # One entry per test: the call phase, or the setup phase when it did not pass (skip/error),
         # or a teardown error.
         if (report.when == "call") or (report.when == "setup" and not report.passed) or \
@@ -229,6 +257,8 @@ class HarnessRun:
         """The JSON, then the HTML report rendered from it, latest.*, links both ways between the
         report and the pages the run produced (serving gate, upgrade rehearsal), and index.html."""
         results = self.results
+        if self.no_report:
+            return
         if hasattr(self.config, "workerinput"):  # an xdist worker: the controller writes the report
             results.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
             return
@@ -245,9 +275,13 @@ class HarnessRun:
         for rel, _title in produced:
             pages.add_backlink(report_dir / rel, report_dir / results.html_path, f"{results.suite} run report")
         index.write(report_dir)
+        if self.report_path_file:
+            atomic.write_text(self.report_path_file, f"{report_dir / results.html_path}\n{results.path}\n")
 
     def pytest_terminal_summary(self, terminalreporter, config):
-        if not hasattr(config, "workerinput"):
+        if self.no_report:
+            terminalreporter.write_line(f"harness: no report written ({self.no_report}: no test ran)")
+        elif not hasattr(config, "workerinput"):
             path = self.results.path
             terminalreporter.write_line(f"harness: report: {path.with_suffix('.html')} "
                                         f"(all runs: {path.parent / 'index.html'})")

@@ -223,6 +223,12 @@ def logits_gradients_to_loss(measured: dict[str, int], logits_bytes: int) -> dic
     return dict(measured, backward=back - moved, logits_loss=measured.get("logits_loss", 0) + moved)
 
 
+def placement_text(layers_on: dict | None) -> str:
+    """{'gpu': 2, 'cpu': 46, 'disk': 0} -> '2 on GPU, 46 on CPU, 0 on disk' (a report line, not a repr)."""
+    names = {"gpu": "GPU", "cpu": "CPU"}
+    return ", ".join(f"{n} on {names.get(k, k)}" for k, n in (layers_on or {}).items()) or "not recorded"
+
+
 def summary_lines(s: FamilySummary) -> list[str]:
     """The must-show figures, one line each (benchmarks/vram/families_report.py prints them)."""
     pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
@@ -247,7 +253,8 @@ def summary_lines(s: FamilySummary) -> list[str]:
                      f"{len(false_fits(b))} predicted fits that ran out")
     for o in s.offload:
         gib = lambda v: f"{(v or 0) / 2**30:.2f} GiB"  # noqa: E731
-        lines.append(f"plan --offload {o['arch']} under {gib(o['budget_bytes'])}: layers {o['layers_on']}, oom={o['oom']}, "
+        lines.append(f"plan --offload {o['arch']} under {gib(o['budget_bytes'])}: layers: {placement_text(o['layers_on'])}; "
+                     f"{'ran out of memory' if o['oom'] else 'no OOM'}, "
                      f"GPU peak predicted {gib(o['predicted_gpu_peak'])} measured {gib(o['measured_gpu_peak'])}, "
                      f"{o['predicted_ms']:.0f} ms/token predicted (h2d {o['h2d_gbps']:.1f} GB/s) vs "
                      f"{o['measured_ms'] or float('nan'):.0f} measured")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import figures, fmt, html, machine, verdicts
+from . import figures, fmt, html, machine, server, verdicts
 
 TITLE = "LLM harness"
 
@@ -135,7 +135,7 @@ def render(results: dict, index_href: str | None = "index.html") -> str:
     env = results.get("environment") or {}
     host = (results.get("machine") or {}).get("host")
     body = [html.verdict_strip(verdicts.for_run(results)),
-            html.machine_line(machine.parts(env, host)),
+            html.machine_line(server.with_server(machine.parts(env, host), (results.get("machine") or {}).get("server"))),
             _counts_line(results),
             _links(results, index_href)]
     figs = [figures.draw(f) for f in results.get("figures", [])]

@@ -241,20 +241,38 @@ def serving(results: dict, tests: list[dict]) -> Verdict:
         lines.append(f"upgrade rehearsal, {r.get('metric')}: {r.get('verdict')}, "
                      f"change {fmt.value(r.get('change %'), 'change %')}")
     passed = [t for t in tests if t["outcome"] == "passed"]
+    skipped = [t for t in tests if t["outcome"] == "skipped"]
     lines.append(f"{len(passed)} of {len(tests)} serving checks passed")
     lines += _failure_lines(failures)
+    reasons = skip_reasons(skipped)
+    lines += [f"{n} skipped: {why}" for why, n in reasons]
     if regressed:
         return Verdict(QUESTIONS["serving"], "Regressed", "bad", lines)
     if failures:
         return Verdict(QUESTIONS["serving"], "Broke: checks failed", "bad", lines)
     if unsure:
         return Verdict(QUESTIONS["serving"], "Inconclusive", "warn", lines)
-    if verdicts:
-        return Verdict(QUESTIONS["serving"], "Not regressed", "good", lines)
-    skipped = [t for t in tests if t["outcome"] == "skipped"]
     if skipped and not passed:
         return Verdict(QUESTIONS["serving"], "Not run", "neutral", [f"skipped: {skipped[0].get('message')}"])
-    return Verdict(QUESTIONS["serving"], "No breakage", "good", lines)
+    # A verdict over skipped checks says how many did not run and why (never a bare "No breakage")
+    not_run = f"; {len(skipped)} skipped ({_short(reasons[0][0])}{', ...' if len(reasons) > 1 else ''})" if skipped else ""
+    state = "warn" if skipped else "good"
+    if verdicts:
+        return Verdict(QUESTIONS["serving"], f"Not regressed{not_run}", state, lines)
+    return Verdict(QUESTIONS["serving"], f"No breakage in {fmt.plural(len(passed), 'check')} run{not_run}", state, lines)
+
+
+def skip_reasons(skipped: list[dict]) -> list[tuple[str, int]]:
+    """(reason, how many tests it skipped), the most common first."""
+    counts: dict[str, int] = {}
+    for t in skipped:
+        why = str(t.get("message") or "no reason given")
+        counts[why] = counts.get(why, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])
+
+
+def _short(text: str, limit: int = 90) -> str:
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
 def timings(results: dict, tests: list[dict]) -> Verdict:

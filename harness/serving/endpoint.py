@@ -51,3 +51,22 @@ def resolve_served_model(base_url: str, name: str | None) -> ServedModel:
         if model.name == name:
             return model
     raise UsageError(f"--model: {name!r} is not served by {base_url} (it serves: {names})")
+
+
+def server_identity(base_url: str, timeout_s: float = 5.0) -> dict:
+    """What a report says about a server the harness tested but did not start: its URL, what its
+    /version answers (vLLM's: its package version) and the models /v1/models lists. Never raises:
+    what could not be read is None (or []), the first reason in `error`."""
+    out: dict = {"url": base_url, "version": None, "models": [], "error": None}
+    try:
+        with urllib.request.urlopen(base_url + "/version", timeout=timeout_s) as resp:
+            data = json.load(resp)
+        if isinstance(data, dict) and isinstance(data.get("version"), str):
+            out["version"] = data["version"]
+    except (OSError, ValueError) as exc:
+        out["error"] = f"GET /version: {exc}"
+    try:
+        out["models"] = [m.name for m in served_models(base_url, timeout_s)]
+    except CheckFailed as exc:
+        out["error"] = out["error"] or str(exc)
+    return out
