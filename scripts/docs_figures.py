@@ -250,7 +250,7 @@ def _quant():
     from harness.memory.estimate import Query, estimate
     from harness.memory.shape import model_shape
 
-    m = json.loads((ROOT / "suites/quant/measured/h200-qwen2.5-1.5b.json").read_text())
+    m = json.loads((ROOT / "measurements/quant/h200-qwen2.5-1.5b.json").read_text())
     run2 = m["run2"]
     est = estimate(model_shape(run2["arch"]), Query("w4a16", "weights")).breakdown
     loaded = run2["gptq"]["transformers_loaded"]
@@ -343,7 +343,7 @@ def screenshots() -> str:
     sources = {"vram-picture": "the memory picture section of `tests/data/reports/vram-picture.json.gz`, a CPU run of "
                                "`suites/vram/test_memory_picture.py` on the committed H200 snapshots",
                "upgrade-rehearsal-h200": "the upgrade rehearsal's report from the second H200 hold, 0.25.1 -> 0.26.0, "
-                                         "`upgrade.html` in `benchmarks/vllm_plan/measured/h200-vllm-0.26.0-hold2-raw.tgz`, "
+                                         "`upgrade.html` in `measurements/vllm_plan/h200-vllm-0.26.0-hold2-raw.tgz`, "
                                          "shot with chromium at 1280 x 900"}
     lines += [f"`{k}.png` is {w} x {h_} px ({sources.get(k, '`benchmarks/fleet/three_nodes.py`')})."
               for k, (w, h_) in others.items()]

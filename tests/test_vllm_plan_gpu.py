@@ -1,5 +1,5 @@
 """`plan --engine vllm` against real start-ups of the CUDA vLLM 0.26.0 on the lent H200, four holds
-(benchmarks/vllm_plan/measured/h200-vllm-0.26.0.json, -hold2.json, -hold3.json and -hold4.json, written by
+(measurements/vllm_plan/h200-vllm-0.26.0.json, -hold2.json, -hold3.json and -hold4.json, written by
 gpu_startups.py / gpu_serving.py there and gathered by gpu_collect.py): the plan is recomputed here from each
 start's flags, the card's total memory as CUDA reported it and the model's config.json, and
 compared with the KV cache tokens vLLM logged; the bench, gate and upgrade figures are recomputed
@@ -22,7 +22,8 @@ import pytest
 
 from harness.memory.vllm_logcheck import check_gpu_startup
 
-MEASURED_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_plan" / "measured"
+MEASURED_DIR = Path(__file__).resolve().parents[1] / "measurements" / "vllm_plan"
+DRIVERS = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_plan"
 MEASURED = MEASURED_DIR / "h200-vllm-0.26.0.json"
 DATA = json.loads(MEASURED.read_text())
 HOLD2 = json.loads((MEASURED_DIR / "h200-vllm-0.26.0-hold2.json").read_text())
@@ -162,7 +163,7 @@ def test_hold2_gate_table_is_what_compare_says_of_its_files(tmp_path):
     same table the hold wrote, A/A clean under the harness's policy, every A/B pair caught."""
     import sys
 
-    sys.path.insert(0, str(MEASURED_DIR.parent))
+    sys.path.insert(0, str(DRIVERS))
     from gpu_serving import gate_table
 
     gate = _raw2(tmp_path) / "gate"
@@ -246,7 +247,7 @@ def _gate_from_files(gate: Path, sizes: tuple[int, int], hold: dict) -> tuple[li
     verdicts as the hold's JSON; (A files, result, {(comparison, policy): (regressed, pairs)})."""
     import sys
 
-    sys.path.insert(0, str(MEASURED_DIR.parent))
+    sys.path.insert(0, str(DRIVERS))
     from gpu_serving import gate_table
 
     a, b = sorted(gate.glob("A-*.json")), sorted(gate.glob("B-*.json"))
@@ -415,7 +416,7 @@ def test_hold4_suite_and_upgrade_rehearsal(tmp_path):
     the rest unchanged; the only behaviour change is the start-up time (65.6 -> 69.6 s)."""
     import sys
 
-    sys.path.insert(0, str(MEASURED_DIR.parent))
+    sys.path.insert(0, str(DRIVERS))
     from gpu_collect import suite_summary
 
     suite = suite_summary(_raw4(tmp_path))

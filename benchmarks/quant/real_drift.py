@@ -10,7 +10,7 @@ compressed-tensors that wrote them); drift() gives llama.cpp's KL statistics, to
 and both perplexities, judged by REAL_MODEL_GATE.
 
 Not a CI test: GPTQ and AWQ take minutes on 2 CPU cores. Writes
-benchmarks/quant/measured/smollm2-real-drift.json (quoted in docs/quant.md via
+measurements/quant/smollm2-real-drift.json (quoted in docs/quant.md via
 scripts/docs_figures.py) and prints a table.
 
     .venv/bin/python benchmarks/quant/real_drift.py [--llmcompressor-python PY] [--out FILE]
@@ -36,7 +36,7 @@ from harness.quant.drift import REAL_MODEL_GATE, drift  # noqa: E402
 from harness.quant.evaluate import MAX_NEW_TOKENS, PROMPTS, prompt_ids  # noqa: E402
 from harness.quant.tokens import HELDOUT_TEXT, stdlib_text, text_token_ids, w4a16_group_size  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "quant" / "measured" / "smollm2-real-drift.json"
+OUT = ROOT / "measurements" / "quant" / "smollm2-real-drift.json"
 CALIBRATION = (16, 128)  # GPTQ samples x tokens; AWQ takes the first 8
 AWQ_N_GRID = 5
 

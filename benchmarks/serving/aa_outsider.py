@@ -8,7 +8,7 @@ harness's launcher), on the machine as it is (busy with whatever else runs: the 
   concurrency 4), --ab times the suite against it with `--baseline` one of the A runs' results
   (`test_against_the_given_baseline`): the gate must say regressed every time.
 
-Run:  .venv/bin/python benchmarks/serving/aa_outsider.py [--runs 10] [--ab 3] [--neighbours N] [--out benchmarks/serving/aa-outsider.json]
+Run:  .venv/bin/python benchmarks/serving/aa_outsider.py [--runs 10] [--ab 3] [--neighbours N] [--out measurements/serving/aa-outsider.json]
 (~15 min on the shared 2-core machine). Per run it keeps each metric's verdict, the client's
 loop-lag p99 and end lateness on both sides, the contention figures, and the machine's load average.
 --neighbours N makes the box busy on purpose: N processes outside this one's tree (as another job
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ab", type=int, default=3)
     parser.add_argument("--vllm-python", default=str(ROOT / ".venvs/vllm-0.32.0/bin/python"))
     parser.add_argument("--neighbours", type=int, default=0, help="bursty busy processes beside the runs")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/serving/aa-outsider.json"))
+    parser.add_argument("--out", default=str(ROOT / "measurements/serving/aa-outsider.json"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="aa-outsider-"))
     model = models.tiny_model_dir("qwen2")

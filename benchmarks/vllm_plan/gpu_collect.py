@@ -1,5 +1,5 @@
 """Gather what the GPU vLLM calls returned (each call's vres.tgz, unpacked) into the committed JSON
-benchmarks/vllm_plan/measured/h200-vllm-0.26.0.json, and print the must-show tables:
+measurements/vllm_plan/h200-vllm-0.26.0.json, and print the must-show tables:
 
 - plan vs logged KV cache tokens per start-up (tests/test_vllm_plan_gpu.py recomputes them),
 - the harness's bench beside `vllm bench serve` (TTFT p50/p99, output tok/s, client lag, the
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from harness.atomic import write_json  # noqa: E402
 from harness.memory.vllm_logcheck import check_gpu_startup  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "vllm_plan" / "measured" / "h200-vllm-0.26.0.json"
+OUT = ROOT / "measurements" / "vllm_plan" / "h200-vllm-0.26.0.json"
 
 
 def load(path: Path):

@@ -417,7 +417,7 @@ def again_jobs(job_set: str = "again") -> list[dict]:
             + [expandable_job(c) for c in first_family_first(expandable, families)])
 
 
-PLAN_LIMIT_CASES = Path(__file__).with_name("plan-limit-cases.json")
+PLAN_LIMIT_CASES = ROOT / "measurements" / "vram" / "plan-limit-cases.json"  # the planlimit job set
 
 
 def plan_limit_jobs(path: Path = PLAN_LIMIT_CASES) -> list[dict]:

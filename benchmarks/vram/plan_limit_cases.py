@@ -9,7 +9,7 @@ optimizer; seed PLANLIMIT_SEED), none at a committed setting, planned for a 6 Gi
 CUDA context the H200's capped processes measured (CONTEXT_BYTES). Written to --out, committed, and
 read by families.py, so the run needs no tracing on the device.
 
-    python benchmarks/vram/plan_limit_cases.py [--jobs 2] [--out benchmarks/vram/plan-limit-cases.json]
+    python benchmarks/vram/plan_limit_cases.py [--jobs 2] [--out measurements/vram/plan-limit-cases.json]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def limit_of(recipe: dict) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "vram" / "plan-limit-cases.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "measurements" / "vram" / "plan-limit-cases.json")
     args = ap.parse_args(argv)
     todo = recipes(random.Random(PLANLIMIT_SEED), committed())
     rows = []

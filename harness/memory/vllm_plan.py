@@ -80,7 +80,7 @@ CUDA_CONTEXT_BYTES = int(0.45 * GiB)
 NON_TORCH_PROFILED = int(0.05 * GiB)
 NON_TORCH_WITH_CONTEXT = int(0.35 * GiB)
 NON_TORCH_CONSUMED = int(0.25 * GiB)
-NON_TORCH_V2_PROFILED = int(0.22 * GiB)  # 0.26.0's V2 runner on the H200 (benchmarks/vllm_plan/measured/)
+NON_TORCH_V2_PROFILED = int(0.22 * GiB)  # 0.26.0's V2 runner on the H200 (measurements/vllm_plan/)
 # The architectures vLLM runs on the V2 model runner by default before 0.25 made it the default
 # for every model that is not a mixture of experts (vllm/config/vllm.py, per release); from 0.25
 # on, the MoE ones listed there still get it.

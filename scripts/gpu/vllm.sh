@@ -70,6 +70,6 @@ case $cmd in
       done
     fi
     echo "carry= | $c $s poll 540   (again until it prints 'pipeline done': startups, bench, gate, suite)"
-    echo "then: give the machine back; unpack the last call's vres.tgz; gpu_collect.py -> benchmarks/vllm_plan/measured/" ;;
+    echo "then: give the machine back; unpack the last call's vres.tgz; gpu_collect.py -> measurements/vllm_plan/" ;;
   *) echo "usage: $0 parts|calls [VERSION [SECOND]]"; exit 2 ;;
 esac

@@ -11,7 +11,7 @@ import pytest
 
 from harness.memory import estimate as E
 
-MEASURED = json.loads((Path(__file__).parent / "measured" / "h200-qwen2.5-1.5b.json").read_text())
+MEASURED = json.loads((Path(__file__).resolve().parents[2] / "measurements" / "quant" / "h200-qwen2.5-1.5b.json").read_text())
 
 
 def _stored_prediction(shape, asym: bool) -> int:

@@ -30,7 +30,7 @@ def test_kv_cache_tokens_and_max_concurrency_are_predicted_exactly(server_pool, 
     if last["device"] == "gpu":
         if last.get("predicted_kv_cache_tokens") is None:
             pytest.skip("a CUDA build on a card this process cannot see (no torch device, no NVML)")
-        # The plan's bar on a GPU (measured on the H200: benchmarks/vllm_plan/measured/)
+        # The plan's bar on a GPU (measured on the H200: measurements/vllm_plan/)
         assert abs(last["error_pct"]) <= GPU_TOLERANCE_PCT, last
         return
     assert last["predicted_kv_cache_tokens"] == last["logged_kv_cache_tokens"], last

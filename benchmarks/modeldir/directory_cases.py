@@ -1,0 +1,173 @@
+"""check-dir on the directory-level cases of issue 43, the peers beside it, and its reading time.
+
+    python benchmarks/modeldir/directory_cases.py [--scanners-python .venvs/scanners/bin/python]
+        [--out reports/modeldir-directory] [--big-7b]
+
+Cases: tests/modeldir_cases.py (code paths, safetensors headers, chat templates, values, parsers,
+layouts), each built from the tiny qwen2 model; "malicious" ones are those a loader runs code
+for, refuses or mis-reads, the others are their healthy twins. Per class: refused / total and
+false alarms on the twins, for check-dir (default check) and for the peers (picklescan,
+modelscan, fickling on every file; ModelAudit where the scanners venv has it), one process per
+peer. A peer "refuses" a directory when it reports any issue.
+
+Timing (the machine's load average is written beside it): `python -m harness check-dir` as a
+user runs it (a fresh process: imports included) on the healthy 6-file directory and on the
+sparse 100 GiB case; with --big-7b also on a 15 GB three-shard Llama-2-7B layout whose shards
+hold data only where check-dir samples (the rest are holes: check-dir reads the same bytes
+either way, and no 15 GB has to be written).
+Writes OUT.md and OUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from modeldir_cases import CASES, build_case  # noqa: E402
+
+_PEER_DRIVER = r'''
+import contextlib, io, json, os, sys
+tool, dirs = sys.argv[1], json.load(sys.stdin)
+out = {}
+for d in dirs:
+    try:
+        sink = io.StringIO()
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            if tool == "picklescan":
+                from picklescan.scanner import scan_directory_path
+                r = scan_directory_path(d)
+                out[d] = {"flagged": r.issues_count > 0 or r.infected_files > 0, "error": bool(r.scan_err)}
+            elif tool == "modelscan":
+                from modelscan.modelscan import ModelScan
+                r = ModelScan().scan(d)
+                out[d] = {"flagged": bool(r.get("issues")), "error": bool(r.get("errors"))}
+            elif tool == "fickling":
+                from fickling.cli import main
+                flagged = error = False
+                for base, _, names in os.walk(d):
+                    for name in names:
+                        p = os.path.join(base, name)
+                        if os.path.isfile(p):
+                            rc = main(["fickling", "--check-safety", p])
+                            flagged |= rc == 1
+                out[d] = {"flagged": flagged, "error": error}
+            elif tool == "modelaudit":
+                from modelaudit.core import scan_model_directory_or_file
+                r = scan_model_directory_or_file(d)
+                issues = r.get("issues", []) if isinstance(r, dict) else getattr(r, "issues", [])
+                out[d] = {"flagged": bool(issues), "error": False}
+    except BaseException as exc:
+        out[d] = {"flagged": False, "error": True, "crash": f"{type(exc).__name__}: {exc}"[:200]}
+json.dump(out, sys.stdout)
+'''
+PEERS = ("picklescan", "modelscan", "fickling", "modelaudit")
+
+
+def _ours(dirs: dict[str, Path]) -> dict[str, dict]:
+    from harness.modeldir import check_dir
+
+    got = {}
+    for name, d in dirs.items():
+        start = time.monotonic()
+        report = check_dir(d)
+        got[name] = {"flagged": not report.ok, "errors": sorted({f.code for f in report.errors}),
+                     "seconds": round(time.monotonic() - start, 3), "bytes_read": report.bytes_read}
+    return got
+
+
+def _peer(tool: str, python: str, dirs: dict[str, Path], cwd: Path) -> dict[str, dict] | None:
+    probe = subprocess.run([python, "-c", f"import {tool}"], capture_output=True)
+    if probe.returncode:
+        return None
+    run = subprocess.run([python, "-c", _PEER_DRIVER, tool], input=json.dumps([str(d) for d in dirs.values()]),
+                         capture_output=True, text=True, cwd=cwd, timeout=1800)
+    try:
+        by_path = json.loads(run.stdout)
+    except json.JSONDecodeError:
+        return {name: {"flagged": False, "error": True, "crash": run.stderr[-200:]} for name in dirs}
+    return {name: by_path.get(str(d), {"flagged": False, "error": True}) for name, d in dirs.items()}
+
+
+def _cli_seconds(d: Path, repeat: int = 3) -> float:
+    best = None
+    for _ in range(repeat):
+        start = time.monotonic()
+        subprocess.run([sys.executable, "-m", "harness", "check-dir", str(d)], capture_output=True, cwd=ROOT)
+        took = time.monotonic() - start
+        best = took if best is None else min(best, took)
+    return round(best, 2)
+
+
+def _table(results: dict[str, dict[str, dict] | None]) -> tuple[str, dict]:
+    tools = [t for t, r in results.items() if r is not None]
+    classes = list(dict.fromkeys(c.klass for c in CASES))
+    rows = ["| class | cases (bad + twins) | " + " | ".join(f"{t} refused / false alarms" for t in tools) + " |",
+            "|---|---|" + "---|" * len(tools)]
+    summary: dict = {}
+    for klass in classes + ["all"]:
+        cases = [c for c in CASES if klass in ("all", c.klass)]
+        bad = [c for c in cases if c.malicious]
+        twins = [c for c in cases if not c.malicious]
+        cells = []
+        for tool in tools:
+            refused = sum(results[tool][c.name]["flagged"] for c in bad)
+            alarms = sum(results[tool][c.name]["flagged"] for c in twins)
+            summary.setdefault(klass, {})[tool] = {"refused": refused, "bad": len(bad), "false_alarms": alarms,
+                                                   "twins": len(twins)}
+            cells.append(f"{refused}/{len(bad)} / {alarms}/{len(twins)}")
+        rows.append(f"| {klass} | {len(bad)} + {len(twins)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows), summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scanners-python", type=lambda p: str(Path(p).absolute()),
+                        default=str(ROOT / ".venvs" / "scanners" / "bin" / "python"))
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "modeldir-directory")
+    parser.add_argument("--big-7b", action="store_true", help="also time a 15 GB sharded 7B layout (sparse-backed)")
+    args = parser.parse_args(argv)
+
+    from harness.models import tiny_model_dir
+
+    base = tiny_model_dir("qwen2")
+    work = Path(tempfile.mkdtemp(prefix="checkdir-cases-"))
+    try:
+        dirs = {c.name: build_case(c, base, work) for c in CASES}
+        results: dict[str, dict | None] = {"check-dir": _ours(dirs)}
+        for tool in PEERS:
+            results[tool] = _peer(tool, args.scanners_python, dirs, work) if Path(args.scanners_python).exists() else None
+        table, summary = _table(results)
+        load = os.getloadavg()
+        timing = {"five_file_dir_s": _cli_seconds(base), "sparse_100gib_s": _cli_seconds(dirs["sparse_100gib_tensor"]),
+                  "load_average": [round(x, 2) for x in load], "cpus": os.cpu_count()}
+        if args.big_7b:
+            import big_layout
+
+            timing["sharded_7b_15gb_s"] = _cli_seconds(big_layout.build(work / "llama-7b"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    missing = [t for t, r in results.items() if r is None]
+    text = (f"# check-dir on the directory-level cases (issue 43)\n\n{table}\n\n"
+            f"Cells: bad cases refused / total, then healthy twins flagged / total. Peers not installed: "
+            f"{', '.join(missing) or 'none'}.\n\nTiming (python -m harness check-dir, fresh process, best of 3): "
+            f"{json.dumps(timing)}\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(text)
+    args.out.with_suffix(".json").write_text(json.dumps({"summary": summary, "timing": timing, "results": results},
+                                                        indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
