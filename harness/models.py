@@ -315,7 +315,8 @@ _SMOLLM2_FORMAT = 1  # bump when the conversion changes: it re-keys the cache
 
 
 class MissingModelError(UnsupportedError):
-    """An embedded model whose package is not installed (a skip in the suites, never a download)."""
+    """An embedded model whose package is not installed (never a download): a failure when --model
+    asked for it, a skip where a suite picks it itself."""
 
 
 def smollm2_gguf_path() -> Path:
@@ -401,6 +402,17 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def asked_model_problem(spec: str | None) -> str | None:
+    """Why the model named by --model cannot be had here (None when it can): an embedded model
+    whose wheel is missing. Directories and reference names are checked when settings resolve."""
+    if spec == SMOLLM2:
+        try:
+            smollm2_gguf_path()
+        except MissingModelError as exc:
+            return str(exc)
+    return None
 
 
 def resolve_model(spec: str | None, cache_dir: str | Path | None = None) -> Path | str:

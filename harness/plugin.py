@@ -20,7 +20,7 @@ import time
 import pytest
 
 from . import env as env_mod
-from . import plugin_fixtures
+from . import models, plugin_fixtures
 from . import settings as settings_mod
 from .errors import UsageError
 from .plugin_run import MARKERS, RUN_PLUGIN, HarnessRun, run_state  # noqa: F401 (run_state: for conftests)
@@ -39,6 +39,18 @@ def pytest_addoption(parser):
             group.addoption(opt.flag, dest=name, default=None, help=opt.help_text())
 
 
+def _fail_unless_asked_model_is_there(config, settings) -> None:
+    """A model the user asked for with --model that cannot be had (smollm2-135m without its wheel)
+    ends the run at once as a failure (exit 1) with the reason and the install line: the suites
+    would otherwise skip every test that needs it and pass the rest. Only a model the suites pick
+    themselves (the `smollm2` fixture without --model) is a skip."""
+    if settings.endpoint or config.option.collectonly or getattr(config.option, "help", False):
+        return
+    problem = models.asked_model_problem(settings.model)
+    if problem:
+        pytest.exit(f"--model {settings.model} cannot be had: {problem}", returncode=pytest.ExitCode.TESTS_FAILED)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-html reads --html
 def pytest_configure(config):
     started = time.time()
@@ -49,6 +61,7 @@ def pytest_configure(config):
                                         root=config.rootpath)
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
+    _fail_unless_asked_model_is_there(config, settings)
     environment = env_mod.probe_environment(settings.vllm_python)
     try:  # an explicit --device cuda:N that is not there is bad usage, not a CPU run
         settings_mod.check_device(settings.device, [(d.index, d.name) for d in environment.torch.devices],

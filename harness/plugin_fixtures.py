@@ -137,8 +137,8 @@ def model_dir(settings, show_progress, tmp_path_factory) -> Path:
     with show_progress():
         try:
             resolved = models.resolve_model(settings.model, settings.cache_dir / "models")
-        except models.MissingModelError as exc:  # smollm2-135m without its wheel: a skip, never a download
-            pytest.skip(str(exc))
+        except models.MissingModelError as exc:  # asked for with --model: a failure, never a skip or a download
+            pytest.fail(f"--model {settings.model}: {exc}", pytrace=False)
         if isinstance(resolved, str):  # a reference architecture
             out = tmp_path_factory.mktemp(f"random-{resolved}")
             print(f"[harness] writing random {resolved} weights to {out} ...", flush=True)

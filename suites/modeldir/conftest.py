@@ -35,7 +35,7 @@ def _logits(model, ids):
 
 @pytest.fixture(scope="session")
 def base_model_dir(settings, request) -> Path:
-    """--model (smollm2-135m without its wheel: skipped with the install line), else the tiny model."""
+    """--model (smollm2-135m without its wheel: the run fails at once with the install line), else the tiny model."""
     return request.getfixturevalue("model_dir" if settings.model else "tiny_model_dir")
 
 

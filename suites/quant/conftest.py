@@ -46,8 +46,8 @@ class Quantized:
 
 @pytest.fixture(scope="session")
 def base_model_dir(settings, request) -> Path:
-    """--model as the chain's start (a directory, or smollm2-135m built from its wheel: skipped
-    with the install line without it), else the tiny model."""
+    """--model as the chain's start (a directory, or smollm2-135m built from its wheel: without
+    it the run fails at once with the install line), else the tiny model."""
     return request.getfixturevalue("model_dir" if settings.model else "tiny_model_dir")
 
 
