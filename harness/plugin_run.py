@@ -33,6 +33,7 @@ MARKERS = {
     "vllm": "needs a vLLM interpreter (--vllm-python) or a running server (--endpoint)",
     "slow": "takes more than a few seconds",
     "destructive": "crashes, kills, overloads past failure or restarts a server: only on servers the harness started",
+    "alone": "measures time or CPU contention: the repository's scripts/test runs these after the rest, with nothing beside them",
 }
 RUN_PLUGIN = "harness-run"  # the name HarnessRun is registered under
 RECORD = pytest.StashKey[dict]()  # a test item's record (the `record` fixture writes it)

@@ -31,6 +31,7 @@ def standin(tmp_path_factory):
         yield server
 
 
+@pytest.mark.alone
 def test_bench_writes_schema_1_results(standin, tmp_path):
     out = tmp_path / "r.json"
     proc = _cli("bench", "--endpoint", standin.base_url, "--model", "standin", "--concurrency", "1,4",
@@ -64,6 +65,7 @@ def test_bench_failures_exit_1_and_still_write_results(standin, tmp_path, model,
     assert json.loads(out.read_text())["runs"][0]["errors"] == {label: 3}
 
 
+@pytest.mark.alone
 def test_bench_stalled_server_ends_within_the_timeout(standin, tmp_path):
     started = time.monotonic()
     proc = _cli("bench", "--endpoint", standin.base_url, "--model", "standin-stall", "--num-prompts", "2",
@@ -73,6 +75,7 @@ def test_bench_stalled_server_ends_within_the_timeout(standin, tmp_path):
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.alone
 def test_bench_unreachable_and_wrong_model_are_one_line_verdicts(standin, tmp_path):
     started = time.monotonic()
     proc = _cli("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--model", "m", "--num-prompts", "2",
@@ -201,6 +204,7 @@ def test_startup_log_is_parsed():
     assert (gpu.kv_cache_memory_gib, gpu.kv_cache_tokens, gpu.max_concurrency) == (3.52, 102400, None)
 
 
+@pytest.mark.alone
 def test_crash_at_start_names_the_cause(tmp_path):
     script = "import sys; print('loading'); print('ValueError: unrecognized argument --bogus'); sys.exit(3)"
     started = time.monotonic()
@@ -211,6 +215,7 @@ def test_crash_at_start_names_the_cause(tmp_path):
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.alone
 def test_never_healthy_times_out_and_teardown_kills_the_whole_group(tmp_path):
     # A leader that spawns a child and never serves /health: both must be gone afterwards.
     pidfile = tmp_path / "child.pid"
@@ -232,6 +237,7 @@ def test_never_healthy_times_out_and_teardown_kills_the_whole_group(tmp_path):
         pytest.fail(f"child {child} of the server survived teardown")
 
 
+@pytest.mark.alone
 def test_a_failing_test_body_still_stops_the_server(tmp_path):
     with pytest.raises(RuntimeError):
         with run_standin(log_dir=tmp_path) as server:
@@ -242,6 +248,7 @@ def test_a_failing_test_body_still_stops_the_server(tmp_path):
         os.killpg(pid, 0)
 
 
+@pytest.mark.alone
 def test_bench_poisson_rate_mode(standin, tmp_path):
     out = tmp_path / "r.json"
     proc = _cli("bench", "--endpoint", standin.base_url, "--model", "standin", "--request-rate", "50",
@@ -253,6 +260,7 @@ def test_bench_poisson_rate_mode(standin, tmp_path):
     assert scheduled[0] == 0 and len(set(scheduled)) == 20  # Poisson arrivals, not a burst
 
 
+@pytest.mark.alone
 def test_ctrl_c_leaves_the_finished_requests_on_disk(tmp_path):
     import signal
 
@@ -278,6 +286,7 @@ def test_ctrl_c_leaves_the_finished_requests_on_disk(tmp_path):
     assert run["requests_ok"] + run["requests_cut_off"] + run["requests_not_sent"] == 40
 
 
+@pytest.mark.alone
 def test_a_harness_killed_outright_takes_its_server_with_it(tmp_path):
     # SIGKILL (or the OOM killer) runs no teardown and no atexit: the server must still go.
     pidfile = tmp_path / "server.pid"

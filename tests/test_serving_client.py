@@ -16,6 +16,8 @@ from harness.serving.launcher import free_port
 from harness.serving.standin import run_standin
 from harness.serving.stats import SLO, summarize_run
 
+pytestmark = pytest.mark.alone  # measures time or contention: scripts/test runs it after the rest, alone
+
 TTFT_MS = 60.0
 INTERVAL_MS = 15.0
 

@@ -96,10 +96,17 @@ def _complete(base: str, model: str) -> dict:
         return json.load(resp)
 
 
+SUBSET = ("suites/serving/test_1_vllm_behaviour.py", "suites/serving/test_1b_openai_client.py",
+          "suites/serving/test_2_gate.py::test_engine_crash_mid_stream_is_never_counted_as_success",
+          "suites/serving/test_2_gate.py::test_gate_catches_max_num_seqs_1",
+          "suites/serving/test_2_gate.py::test_server_killed_mid_run_gives_failed_requests_and_a_report")
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_an_outside_server_survives_the_whole_serving_suite(settings, tiny_model_dir, tmp_path, record, show_progress):
+@pytest.mark.alone
+def test_an_outside_server_survives_the_serving_suite(settings, tiny_model_dir, tmp_path, record, show_progress):
     if settings.vllm_python is None:
         pytest.skip("no vLLM interpreter to start the outside server")
     port, name = free_port(), "outside-tiny"  # a served name that is no directory: --model as users give it
@@ -124,8 +131,11 @@ def test_an_outside_server_survives_the_whole_serving_suite(settings, tiny_model
         with show_progress():
             print(f"\n[outside server ready after {time.monotonic() - started:.0f} s; running suites/serving "
                   f"--endpoint {base}/v1 --model {name}]", flush=True)
+        # Not the whole suite again (scripts/test runs it once, on the harness's own servers): the
+        # behaviour and client files (the stress burst among them, >= 10 passes) and the destructive
+        # tests, which must skip against a server the harness did not start; the gate's benches are left out.
         inner = subprocess.run(
-            [sys.executable, "-m", "pytest", "suites/serving", "--endpoint", base + "/v1", "--model", name,
+            [sys.executable, "-m", "pytest", *SUBSET, "-k", "not three_repeats", "--endpoint", base + "/v1", "--model", name,
              "-p", "no:cacheprovider", "--report-dir", str(reports), "-q", "-rs"],
             cwd=ROOT, capture_output=True, text=True, timeout=1800,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)})

@@ -19,6 +19,8 @@ from harness.serving.runner import BenchConfig, run_bench
 from harness.serving.standin import run_standin
 from harness.serving.workload import Workload
 
+pytestmark = pytest.mark.alone  # measures time or contention: scripts/test runs it after the rest, alone
+
 WORKLOAD = Workload(input_len=8, output_len=8, num_prompts=16, seed=1)
 
 

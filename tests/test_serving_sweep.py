@@ -76,6 +76,7 @@ def test_goodput_counts_failures_and_takes_the_highest_rate_meeting_the_target()
     assert "32/s (goodput" in line(bumpy) and "but the lower 4/s, 16/s missed it" in line(bumpy)
 
 
+@pytest.mark.alone
 def test_bench_sweep_finds_the_capped_plateau_and_the_page_draws_it(tmp_path):
     out = tmp_path / "sweep.json"
     with run_standin(ttft_ms=20, token_interval_ms=10, log_dir=tmp_path) as server:

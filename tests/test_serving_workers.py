@@ -15,6 +15,8 @@ from harness.serving.standin import run_standin
 from harness.serving.stats import summarize_run
 from harness.serving.workers import default_workers, run_load_workers, split_schedule
 
+pytestmark = pytest.mark.alone  # measures time or contention: scripts/test runs it after the rest, alone
+
 TTFT_MS = 40.0
 INTERVAL_MS = 10.0
 

@@ -12,6 +12,8 @@ import json
 
 import pytest
 
+pytestmark = pytest.mark.alone  # measures time or contention: scripts/test runs it after the rest, alone
+
 GPU_TOLERANCE_PCT = 3.0
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from harness.serving import results
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone]  # measures time or contention: scripts/test runs it after the rest, alone
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from harness.report.bench_html import render
 from harness.serving import compare as cmp
 from harness.serving import results
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone]  # measures time or contention: scripts/test runs it after the rest, alone
 
 
 def test_upgrade_rehearsal_report(gate_results, server_pool, gate_bench, serving_dir, record):

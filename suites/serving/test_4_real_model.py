@@ -14,7 +14,7 @@ import pytest
 from harness.serving import sdk
 from harness.serving.client import RequestSpec, run_load
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone]  # measures time or contention: scripts/test runs it after the rest, alone
 
 pytest.importorskip("openai")  # the official SDK that harness.serving.sdk drives
 

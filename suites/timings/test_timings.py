@@ -14,6 +14,8 @@ import math
 
 import pytest
 
+pytestmark = pytest.mark.alone  # measures time or contention: scripts/test runs it after the rest, alone
+
 ROUNDS = 3
 
 
