@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         logits = bd.get("logits", 0) + bd.get("loss_logits", 0)
         other = bd.get("adapter_grads_optimizer", 0) + bd.get("loading_transient", 0)
         seq = "-" if r["mode"] == "weights" else str(r["seq_len"])
-        verdict = ("  yes" if r["fits"] else "  no") if budget is not None else ""
+        verdict = ("  " + {"fits": "yes", "tight": "tight"}.get(r["fit"], "no")) if budget is not None else ""
         print(f"{r['precision']:9s} {r['mode']:8s} {seq:>6s} {r['batch']:>5d} {format_bytes(r['peak_bytes']):>11s} "
               f"{format_bytes(r['card_bytes']):>11s} {format_bytes(bd['weights']):>11s} "
               f"{format_bytes(bd.get('kv_cache')):>11s} {format_bytes(bd.get('activations')):>11s} "
@@ -105,17 +105,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _verdicts(est, mode: str, budget: int, context: int) -> dict:
-    """Does the estimate fit the card (with the mode's reserve), said in words, and for training
-    whether it would with expandable segments."""
+    """Does the estimate fit the card (with the mode's reserve, and an unverified family's
+    uncertainty kept free: budget.fit_verdict, the rule plan's limits follow), said in words, and
+    for training whether it would with expandable segments."""
     from ..memory import budget as B
 
     headroom = B.default_headroom(mode)
-    fits = B.fits(est.planned_bytes, budget, context, headroom)
-    out = {"budget_bytes": budget, "fits": fits,
-           "verdict": ("fits: " if fits else "does not fit: ") + B.need_text(
-               "it", est.planned_bytes, budget, context, headroom, B.fragmentation_note(est)).replace(
-               "it need ", "it needs " if est.fragmentation_bytes else "the peak is ", 1) + B.tight_note(
-               est.planned_bytes, budget, context, headroom, mode) + B.expandable_note(est, budget, context)}
+    uncertainty = (est.verification or {}).get("uncertainty", 0.0)
+    verdict = B.fit_verdict(est.planned_bytes, budget, context, headroom, uncertainty)
+    need = B.need_text("it", est.planned_bytes, budget, context, headroom, B.fragmentation_note(est)).replace(
+        "it need ", "it needs " if est.fragmentation_bytes else "the peak is ", 1)
+    head = {"fits": "fits: ", "does not fit": "does not fit: ",
+            "tight": B.tight_unverified_text(uncertainty, (est.verification or {}).get("family", "?")) + ": "}[verdict]
+    out = {"budget_bytes": budget, "fits": verdict == "fits", "fit": verdict, "uncertainty": uncertainty,
+           "verdict": head + need + B.tight_note(est.planned_bytes, budget, context, headroom, mode)
+           + B.expandable_note(est, budget, context)}
     if mode == "train":
         out["fits_expandable_segments"] = B.fits_expandable(est, budget, context)
     return out
@@ -124,12 +128,17 @@ def _verdicts(est, mode: str, budget: int, context: int) -> dict:
 def _replay(spec, shape, q, budget: int, context: int) -> dict:
     """The step traced and torch's allocator replayed on it under budget - context, or why not."""
     from ..errors import UnsupportedError
+    from ..memory import estimate as E
     from ..memory.replay_limits import StepReplayer
     from ..memory.shape import load_config
 
     say = lambda msg: print(f"replay {q.precision} {msg}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        replayer = StepReplayer(load_config(spec)[0], shape, q, budget, context, progress=say)
+        from ..memory.step_trace import REPLAY_MARGIN
+
+        uncertainty = E.verification(shape.family, "train", shape.source, shape.traits)["uncertainty"]
+        replayer = StepReplayer(load_config(spec)[0], shape, q, budget, context, progress=say,
+                                margin=REPLAY_MARGIN + uncertainty)  # an unverified family's kept free too
         p = replayer.point(q.seq_len, q.batch)
     except UnsupportedError as exc:
         return {"error": str(exc)}
@@ -164,7 +173,9 @@ def _limit_note(config, seqs: list[int], modes: list[str], new_tokens: int) -> s
 
 def _verification_line(result: dict) -> str:
     v = result["verification"]
-    return f"note: {v['note']}; computed through {v['path']}."
+    margin = f"; it carries {v['uncertainty']:.1%} of uncertainty (families.UNVERIFIED_MARGIN)".replace(".0%", "%") \
+        if v.get("uncertainty") else ""
+    return f"note: {v['note']}; computed through {v['path']}{margin}."
 
 
 def _config_name(spec) -> str:

@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
                        else args.headroom, precisions) if args.offload else None
     advice = _train_advice(shape, plans, opts, budget, context, headroom, args.batch_seq_len, limit.tokens) if args.train else {}
     verified = verification_of(shape, mode)
+    overall, code = _overall(plans, verified)
     if args.json:
         out = {"budget_bytes": budget, "context_bytes": context, "headroom": headroom, "mode": mode,
                "context_limit": limit.tokens, "context_limit_source": limit.source, "verification": verified,
@@ -114,8 +115,10 @@ def run(args: argparse.Namespace) -> int:
                        grad_checkpointing=opts.grad_checkpointing, lora_note=note)
         if offload is not None:
             out["offload"] = offload.as_dict() | ({"moe_note": _moe_note(shape)} if _moe_note(shape) else {})
+        if overall:
+            out["verdict"] = overall
         print(json.dumps(out, indent=1))
-        return 0
+        return code
     if note:
         print(f"note: {note}", file=sys.stderr)
     recipe = (f"train (LoRA r={opts.lora_r} on {','.join(targets)}, {opts.optimizer}, "
@@ -131,7 +134,30 @@ def run(args: argparse.Namespace) -> int:
         print_offload(offload)
         if _moe_note(shape):
             print(f"  {_moe_note(shape)}")
-    return 0
+    if overall:
+        print(f"verdict: {overall}")
+    return code
+
+
+def _overall(plans, verified: dict) -> tuple[str | None, int]:
+    """An unverified family's plan ends with its verdict: a fit that keeps the family's uncertainty
+    free (exit 0), else "tight: unverified family" where something fits only inside it, or the
+    refusal of a step that cannot be traced (exit 1). A verified family's plan keeps its table."""
+    if verified["verified"]:
+        return None, 0
+    fitting = [p.precision for p in plans if p.fits]
+    if fitting:
+        return (f"fits ({', '.join(fitting)}), with the {verified['uncertainty']:.1%} uncertainty of an unverified "
+                f"family kept free").replace(".0%", "%"), 0
+    tight = [p for p in plans if p.verdict == "tight"]
+    if tight:
+        from ..memory.budget import tight_unverified_text
+
+        return f"{tight_unverified_text(verified['uncertainty'], verified['family'])} ({', '.join(p.precision for p in tight)})", 1
+    refused = [p for p in plans if p.verdict == "unknown"]
+    if refused:
+        return f"unknown: {refused[0].reason}", 1
+    return None, 0
 
 
 def _two_models(args: argparse.Namespace, configs: list) -> int:
@@ -158,7 +184,11 @@ def _replayed(plans, shape, spec, opts: SharedOptions, limit) -> list:
     from ..memory.shape import load_config
     from ..memory.step_trace import TRACED_PRECISIONS
 
+    from ..memory.families import verification
+    from ..memory.step_trace import REPLAY_MARGIN
+
     say = lambda msg: print(f"replay {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    checked = verification(shape.family, "train", shape.source, shape.traits)
     replayer, out = None, []
     hi = limit.tokens or B.UNSTATED_LIMIT
     for p in plans:
@@ -177,11 +207,17 @@ def _replayed(plans, shape, spec, opts: SharedOptions, limit) -> list:
                 recipe = Query(p.precision, "train", lora_r=opts.lora_r, lora_targets=tuple(opts.lora_targets),
                                grad_checkpointing=opts.grad_checkpointing, optimizer=opts.optimizer)
                 replayer = StepReplayer(load_config(spec)[0], shape, recipe, opts.budget_bytes, opts.context_bytes,
-                                        progress=say)
+                                        margin=REPLAY_MARGIN + checked["uncertainty"], progress=say)
             out.append(replay_plan(p, shape, replayer, lo_seq=min(B.TRAIN_MIN_SEQ, hi), hi_seq=hi, max_batch=256,
                                    limit_source=limit.source if limit.tokens else None))
         except UnsupportedError as exc:
-            out.append(replace(p, replay={"error": str(exc)}))
+            if checked["verified"]:
+                out.append(replace(p, replay={"error": str(exc)}))
+            else:  # no measurement and no trace: the reserve rule would be a dense stand-in's answer
+                out.append(replace(p, fits=False, max_seq_len=None, max_batch=None, peak_at_max_bytes=None,
+                                   verdict="unknown", replay={"error": str(exc)},
+                                   reason=f"refused: the training step of this unverified family cannot be traced "
+                                          f"({exc}), and no GPU measurement backs its estimate"))
     return out
 
 

@@ -97,6 +97,23 @@ def fits(peak_bytes: int, budget_bytes: int, context_bytes: int = DEFAULT_CONTEX
     return peak_bytes * (1 + headroom) <= budget_bytes - context_bytes
 
 
+def fit_verdict(planned_bytes: int, budget_bytes: int, context_bytes: int, headroom: float,
+                uncertainty: float = 0.0) -> str:
+    """"fits", "tight" (it fits as estimated, but not with the uncertainty of an unverified family:
+    families.UNVERIFIED_MARGIN) or "does not fit". The one rule estimate --budget and plan share."""
+    if fits(planned_bytes * (1 + uncertainty), budget_bytes, context_bytes, headroom):
+        return "fits"
+    if fits(planned_bytes, budget_bytes, context_bytes, headroom):
+        return "tight"
+    return "does not fit"
+
+
+def tight_unverified_text(uncertainty: float, family: str) -> str:
+    return (f"tight: unverified family ({family}: no GPU measurement backs it, and its estimate carries "
+            f"{uncertainty:.1%}, the generic path's worst under-prediction on the measured families; "
+            "it fits only inside that margin)").replace(".0%", "%")
+
+
 def default_headroom(mode: str) -> float:
     """The allocator reserve a card needs beyond the peak in this mode (estimate.RESERVE_FRACTION)."""
     return RESERVE_FRACTION.get(mode, DEFAULT_HEADROOM)
@@ -241,6 +258,11 @@ class PrecisionPlan:
     # (`replay` then says why not, when a replay was asked for)
     limits_from: str = "reserve rule"
     replay: dict | None = None
+    # an unverified family's limits keep its uncertainty (families.UNVERIFIED_MARGIN) free: `verdict`
+    # "tight" where something fits only inside it; max_seq_len_nominal is the limit without it
+    verdict: str = "fits"
+    uncertainty: float = 0.0
+    max_seq_len_nominal: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -283,6 +305,10 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
     limit = max_seq_len or UNSTATED_LIMIT
     need = lambda what, n: need_text(what, n, budget_bytes, context_bytes, headroom)  # noqa: E731
     ref = min(reference_seq_len, limit)
+    from .families import verification
+
+    checked = verification(shape.family, mode, shape.source, shape.traits)
+    uncertainty = checked["uncertainty"]
     plans = []
     for p in precisions:
         def est(seq: int, batch: int):
@@ -303,23 +329,30 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
             return fragmentation_note(est(seq, 1))
 
         w = weight_bytes(shape, p)
-        ok_seq = lambda s: fits(peak(s, 1), budget_bytes, context_bytes, headroom)  # noqa: E731
-        ok_batch = lambda b: fits(peak(ref, b), budget_bytes, context_bytes, headroom)  # noqa: E731
+        verdict = lambda s, b: fit_verdict(peak(s, b), budget_bytes, context_bytes, headroom, uncertainty)  # noqa: E731
+        ok_seq = lambda s: verdict(s, 1) == "fits"  # noqa: E731
+        ok_batch = lambda b: verdict(ref, b) == "fits"  # noqa: E731
         lo_seq = min(new_tokens + 1 if not train else TRAIN_MIN_SEQ, limit)
         best_seq = _largest(ok_seq, lo_seq, limit)
         best_batch = _largest(ok_batch, 1, max_batch)
-        common = dict(context_limit=max_seq_len, headroom=headroom)
+        nominal = _largest(lambda s: verdict(s, 1) != "does not fit", lo_seq, limit) if uncertainty else best_seq
+        common = dict(context_limit=max_seq_len, headroom=headroom, uncertainty=uncertainty, max_seq_len_nominal=nominal)
         if train:
             with_expandable = lambda s, b: fits(est(s, b).peak_bytes, budget_bytes, context_bytes,  # noqa: E731
                                                 EXPANDABLE_TRAIN_RESERVE)
             common.update(max_seq_len_expandable=_largest(lambda s: with_expandable(s, 1), lo_seq, limit),
                           max_batch_expandable=_largest(lambda b: with_expandable(ref, b), 1, max_batch))
         if best_seq is None:
+            tight = nominal is not None
             if not fits(w, budget_bytes, context_bytes, headroom):
                 reason = need("weights alone", w)
+            elif tight:
+                reason = (tight_unverified_text(uncertainty, shape.family) + ": "
+                          + need(f"{lo_seq} tokens at batch 1", peak(lo_seq, 1)))
             else:
                 reason = f"the weights fit ({_size(w)}) but " + need(f"{lo_seq} tokens at batch 1", peak(lo_seq, 1))
-            plans.append(PrecisionPlan(p, mode, False, w, None, None, ref, None, reason, **common))
+            plans.append(PrecisionPlan(p, mode, False, w, None, None, ref, None, reason,
+                                       verdict="tight" if tight else "does not fit", **common))
             continue
         at_max = peak(best_seq, 1)
         if best_seq >= limit:
@@ -333,6 +366,9 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
             limited_by = "memory"
             reason = need_text(f"{best_seq + 1} tokens", peak(best_seq + 1, 1), budget_bytes, context_bytes, headroom,
                                kept_free(best_seq + 1))
+            if uncertainty and nominal and nominal > best_seq:
+                reason += (f"; with the {uncertainty:.1%} an unverified family's estimate carries kept free"
+                           f" (up to {nominal} tokens it fits only inside that margin: tight)").replace(".0%", "%")
         if best_batch is None:
             reason += f"; batch 1 at {ref} tokens does not fit"
         plans.append(PrecisionPlan(p, mode, True, w, best_seq, best_batch, ref, at_max, reason,

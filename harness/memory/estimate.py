@@ -36,7 +36,7 @@ from .lora import (DEFAULT_LORA_TARGETS, OPTIMIZERS, LoraTargets, adapter_bytes,
                    lora_params, optimizer_name, resolve_lora_targets)
 from .recompute import layer_peak
 from .shape import KNOWN_FAMILIES, LinearGroup, ModelShape, load_config, model_shape  # noqa: F401
-from .weights import (ENGINES, FILE_PRECISIONS, PRECISIONS, accelerate_style_bytes, block_rounded,  # noqa: F401
+from .weights import (ENGINES, EXPERTS_KEY, FILE_PRECISIONS, PRECISIONS, accelerate_style_bytes, block_rounded,  # noqa: F401
                       dtype_bytes, kv_cache_bytes, largest_cache_layer_bytes, quantized_linear_bytes, serving_notes,
                       w4a16_linear_bytes, weight_breakdown, weight_bytes)
 
@@ -148,6 +148,11 @@ def estimate(shape: ModelShape, q: Query, calibration: dict | None = None) -> Es
     """Predicted peak for one query. `calibration` overrides CALIBRATION entries (for fitting)."""
     est = _estimate(shape, q, calibration)
     est.verification = verification(shape.family, q.mode, shape.source, shape.traits)
+    experts = est.breakdown.get("weights_by_kind", {}).get(EXPERTS_KEY)
+    if experts:
+        est.breakdown["weights_note"] = (
+            f"{shape.expert_params:,} MoE expert parameters are 3-D nn.Parameters, not nn.Linear: bitsandbytes "
+            f"leaves them unquantized at {q.precision} ({experts / 2**30:.2f} GiB)")
     return est
 
 

@@ -250,5 +250,6 @@ def replay_plan(plan, shape, replayer: StepReplayer, *, lo_seq: int, hi_seq: int
                                                              seq_len=seq.value)).planned_bytes if seq.value else None,
                    reason=reason,
                    limited_by=None if seq.value is None else ("model" if seq.value >= hi_seq else "memory"),
+                   verdict="fits" if seq.value is not None else "does not fit",
                    limits_from="replay", replay={"margin": replayer.margin, "cap_bytes": replayer.cap_bytes,
                                                  "seq_len": seq.as_dict(), "batch": batch.as_dict()})

@@ -63,14 +63,25 @@ def weight_breakdown(shape: ModelShape, precision: str, train_prepared: bool = F
     for g in shape.linears:
         out[f"linear.{g.kind}"] = out.get(f"linear.{g.kind}", 0) + g.count * quantized_linear_bytes(
             g.in_features, g.out_features, linear_precision)
-    out["embeddings"] = block_rounded(shape.embedding_params * other)
+    out["embeddings"] = block_rounded((shape.embedding_params - shape.extra_embedding_params) * other)
+    if shape.extra_embedding_params:  # Gemma-4's per-layer input tables (nn.Embedding: never quantized)
+        out["per_layer_embeddings"] = block_rounded(shape.extra_embedding_params * other)
     out["lm_head"] = block_rounded(shape.lm_head_params * other)
-    per_norm = shape.norm_params / max(shape.norm_tensors, 1)
-    out["norms"] = shape.norm_tensors * block_rounded(per_norm * other)
+    if shape.expert_params:  # MoE experts as 3-D nn.Parameters: bitsandbytes quantizes nn.Linear only
+        out[EXPERTS_KEY] = block_rounded(shape.expert_params * other)
+    norm_params = shape.norm_params - shape.expert_params
+    per_norm = norm_params / max(shape.norm_tensors, 1)
+    out["norms"] = shape.norm_tensors * block_rounded(per_norm * other) if norm_params else 0
     per_bias = shape.bias_params / max(shape.bias_tensors, 1)
     out["biases"] = shape.bias_tensors * block_rounded(per_bias * other)
     out["rotary"] = shape.layers and block_rounded(shape.head_dim // 2 * 4)  # inv_freq buffer, float32
     return out
+
+
+# the breakdown's name for fused MoE experts: transformers 5 stores them as 3-D nn.Parameters, which
+# bitsandbytes does not quantize (its replacement walks nn.Linear modules), so they stay in the torch
+# dtype at every precision (and prepare_model_for_kbit_training casts them to float32)
+EXPERTS_KEY = "experts_3d_unquantized"
 
 
 def weight_bytes(shape: ModelShape, precision: str, train_prepared: bool = False) -> int:
