@@ -128,16 +128,17 @@ def test_a_hub_id_as_config_suggests_the_reference_name():
 UNWRITABLE = "/sys"
 
 
-def _results_file(tmp_path) -> Path:
-    path = tmp_path / "gate-new.json"
-    path.write_bytes(gzip.decompress((ROOT / "tests/data/reports/gate-new.json.gz").read_bytes()))
+def _results_file(tmp_path, name: str) -> Path:
+    path = tmp_path / f"{name}.json"
+    path.write_bytes(gzip.decompress((ROOT / f"tests/data/reports/{name}.json.gz").read_bytes()))
     return path
 
 
+@pytest.mark.parametrize("results", ["gate-new", "hw-cpu"])  # bench results; a pytest run's RUN.json
 @pytest.mark.parametrize("out", [f"{UNWRITABLE}/x.html", "/etc/passwd/x.html"])
-def test_report_into_a_folder_it_cannot_write_is_one_line(tmp_path, out):
+def test_report_into_a_folder_it_cannot_write_is_one_line(tmp_path, out, results):
     """Before: PermissionError from tempfile.mkstemp as a traceback, exit 1."""
-    done = run_cli("report", str(_results_file(tmp_path)), "--out", out)
+    done = run_cli("report", str(_results_file(tmp_path, results)), "--out", out)
     assert done.returncode == 2
     line = _one_error_line(done, "report")
     assert "--out" in line and ("cannot write" in line or "not a folder" in line or "does not exist" in line)
