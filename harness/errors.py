@@ -46,7 +46,15 @@ def error_code(exc: BaseException) -> str:
 
 def os_error_line(exc: OSError) -> str:
     """'PATH: why' for an OSError about a file (permission denied, a part of the path is a file...)."""
+    import re
+    from pathlib import PurePath
+
     why = exc.strerror or type(exc).__name__
     if isinstance(exc, (NotADirectoryError, FileExistsError)):
         why += " (a part of the path is a file, not a folder?)"
-    return f"{exc.filename}: {why}" if exc.filename is not None else why
+    if exc.filename is None:
+        return why
+    path = PurePath(str(exc.filename))
+    if re.fullmatch(r"\..+\.[^.]+\.tmp", path.name):  # harness.atomic's temporary file: the folder is the problem
+        return f"cannot write into the folder {str(path.parent)!r} ({why})"
+    return f"{exc.filename}: {why}"

@@ -164,3 +164,12 @@ def test_a_writable_new_folder_for_bench_is_not_refused_and_nothing_is_left(tmp_
                    "--input-len", "8", "--output-len", "4", "--out", str(tmp_path / "new" / "x.json"))
     assert done.returncode == 1 and "cannot reach" in done.stderr, done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_os_error_about_a_path_is_one_line_on_any_command(tmp_path):
+    """The safety net in harness.__main__: a command without its own check (compare --json FILE)
+    that cannot write its file says which folder, in one line, exit 2 (before: a traceback)."""
+    old, new = _results_file(tmp_path, "gate-old"), _results_file(tmp_path, "gate-new")
+    done = run_cli("compare", str(old), str(new), "--allow-diff", "server_version", "--json", f"{UNWRITABLE}/c.json")
+    assert done.returncode == 2, done.stderr
+    assert f"cannot write into the folder '{UNWRITABLE}' (Permission denied)" in _one_error_line(done, "compare")
