@@ -24,6 +24,12 @@ the verdict is "inconclusive (client-bound)", not "regressed" (and symmetrically
 that cannot be measured (TPOT of 1-token outputs, non-positive or missing values) is listed as
 such, never given an interval.
 
+Every metric ends in one of three decisions (gate_metrics: OK, REGRESSED, UNDECIDED). OK: the
+whole interval (widened by what the baseline's client could have hidden) lies within the
+threshold. REGRESSED: the whole interval lies beyond it, after the candidate's client margin.
+UNDECIDED: anything else, an interval that straddles the threshold above all; never "no
+regression". The detailed `verdict` word says why (inconclusive, client-bound, within threshold).
+
 ``vllm-ci``: vLLM's own alerting rule (pytorch test-infra dashboards): the median over runs of each
 side; a latency regresses above 1.20x, a throughput below 0.80x. No interval, no noise model.
 
@@ -38,27 +44,10 @@ import statistics
 from dataclasses import dataclass, asdict
 
 from ..errors import UsageError
-from ..units import comma_list
+from . import gate_metrics as gm
+from .gate_metrics import NOT_GATED, OK, REGRESSED, UNDECIDED, parse_thresholds  # noqa: F401 (re-exported)
 from .results import FINGERPRINT_FIELDS, fingerprint
 
-# metric -> (source, statistic, higher_is_worse)
-METRICS: dict[str, tuple[str, str, bool]] = {
-    "ttft_p50": ("ttft_ms", "p50", True),
-    "ttft_mean": ("ttft_ms", "mean", True),
-    "ttft_p99": ("ttft_ms", "p99", True),
-    "tpot_p50": ("tpot_ms", "p50", True),
-    "e2e_p50": ("e2e_ms", "p50", True),
-    "output_throughput": ("run", "output_throughput", False),
-    "request_throughput": ("run", "request_throughput", False),
-    # the server's own TTFT (its /metrics histogram over the run): timed on the server's clock, so
-    # the client's lag cannot move it; the machine's contention still can
-    "server_ttft_mean": ("server_metrics", "ttft_mean_ms", True),
-}
-DEFAULT_THRESHOLDS = {
-    "ttft_p50": 0.20, "ttft_mean": 0.20, "ttft_p99": 0.50, "tpot_p50": 0.20, "e2e_p50": 0.20,
-    "output_throughput": 0.10, "request_throughput": 0.10,
-    "server_ttft_mean": 0.20,
-}
 POLICIES = ("harness", "vllm-ci")
 VLLM_CI_LATENCY_RATIO = 1.20  # candidate / baseline above this: regressed
 VLLM_CI_THROUGHPUT_RATIO = 0.80  # below this: regressed
@@ -88,6 +77,10 @@ class MetricChange:
     # within threshold | unchanged | not measured (...)
     client_margin: float = 0.0  # the change the client's own measured delays could explain
     note: str = ""
+    decision: str = UNDECIDED  # OK | REGRESSED | UNDECIDED | n/a (gate_metrics)
+    unit: str = ""
+    needs: str = ""  # for UNDECIDED: what more would decide it
+    more_repeats: int | None = None  # about this many more runs per side would decide it at this spread
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -101,29 +94,20 @@ class Comparison:
     regressed: bool
     policy: str = "harness"
 
+    @property
+    def gated(self) -> list[MetricChange]:
+        return [c for c in self.changes if c.decision != NOT_GATED]
+
+    @property
+    def verdict(self) -> str:
+        """REGRESSED (a metric or a behaviour), else UNDECIDED, else OK."""
+        return REGRESSED if self.regressed else gm.overall([c.decision for c in self.gated])
+
     def to_json(self) -> dict:
-        return {"policy": self.policy, "changes": [c.to_json() for c in self.changes], "behaviours": self.behaviours,
+        return {"policy": self.policy, "verdict": self.verdict, "changes": [c.to_json() for c in self.changes],
+                "behaviours": self.behaviours,
                 "allowed_differences": {k: list(v) for k, v in self.allowed_differences.items()},
                 "regressed": self.regressed}
-
-
-def parse_thresholds(text: str | None) -> dict[str, float]:
-    thresholds = dict(DEFAULT_THRESHOLDS)
-    if not text:
-        return thresholds
-    for item in comma_list(text, "--threshold"):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if key not in METRICS or not sep:
-            raise UsageError(f"--threshold: {item!r} is not METRIC=N% (metrics: {', '.join(METRICS)})")
-        value = value.strip()
-        try:
-            thresholds[key] = float(value[:-1]) / 100 if value.endswith("%") else float(value)
-        except ValueError:
-            raise UsageError(f"--threshold: {item!r} needs a number such as 10%") from None
-        if not 0 <= thresholds[key] < 100 or thresholds[key] != thresholds[key]:
-            raise UsageError(f"--threshold: {item!r} must be a share between 0% and 10000%")
-    return thresholds
 
 
 def fingerprint_differences(baseline: dict, candidate: dict) -> dict[str, tuple]:
@@ -181,14 +165,7 @@ def log_ratio_interval(base: list[float], cand: list[float]) -> tuple[float, flo
     return point, math.expm1(d - half), math.expm1(d + half)
 
 
-def _run_value(run: dict, source: str, stat: str) -> float | None:
-    value = run.get(stat) if source == "run" else (run.get(source) or {}).get(stat)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def _measurable(metric: str, source: str, runs: list[dict], output_len) -> str | None:
+def _measurable(source: str, output_len) -> str | None:
     """Why a metric has no meaning for these runs (None when it has)."""
     if source == "tpot_ms" and isinstance(output_len, int) and output_len < 2:
         return "not measured (1 output token: no time per output token)"
@@ -292,7 +269,7 @@ def compare(
 ) -> Comparison:
     if policy not in POLICIES:
         raise UsageError(f"--policy: {policy!r} is not one of {', '.join(POLICIES)}")
-    thresholds = thresholds or dict(DEFAULT_THRESHOLDS)
+    thresholds = thresholds or gm.default_thresholds()
     for side, data in (("baseline", baseline), ("candidate", candidate)):
         if data.get("valid") is False:
             reasons = data.get("invalid_reasons") or ["marked invalid"]
@@ -319,78 +296,114 @@ def compare(
     changes: list[MetricChange] = []
     for lvl in common:
         b, c = base_runs[lvl], cand_runs[lvl]
-        for metric, (source, stat_name, worse_up) in METRICS.items():
-            th = thresholds.get(metric, 0.1)
+        for m in gm.GATE_METRICS:
+            th = thresholds.get(m.name, m.threshold)
             if policy == "vllm-ci":
-                th = (VLLM_CI_LATENCY_RATIO - 1) if worse_up else (1 - VLLM_CI_THROUGHPUT_RATIO)
-            why = _measurable(metric, source, c, output_len)
-            bv = [v for r in b if (v := _run_value(r, source, stat_name)) is not None]
-            cv = [v for r in c if (v := _run_value(r, source, stat_name)) is not None]
-            if why is None and (not bv or not cv):
-                why = "not measured (no value on one side)"
-            if why is None and (min(bv) <= 0 or min(cv) <= 0):
-                why = "not measured (a zero value: nothing to take a ratio of)"
+                th = (VLLM_CI_LATENCY_RATIO - 1) if m.higher_is_worse else (1 - VLLM_CI_THROUGHPUT_RATIO)
+            bv = [v for r in b if (v := m.value(r)) is not None]
+            cv = [v for r in c if (v := m.value(r)) is not None]
+            why, decision, needs = _measurable(m.source, output_len), NOT_GATED, ""
+            if why is None and not bv and not cv:
+                why = "not measured (on neither side)"
+            elif why is None and (not bv or not cv):
+                why, decision = "not measured (no value on one side)", UNDECIDED
+                needs = f"a value on both sides ({'baseline' if not bv else 'candidate'} has none)"
+            elif why is None and (min(bv) <= 0 or min(cv) <= 0):
+                why, decision = "not measured (a zero value: nothing to take a ratio of)", UNDECIDED
+                needs = "non-zero values on both sides"
             if why:
-                changes.append(MetricChange(lvl, metric, None, None, None, None, None, th, worse_up, why))
+                changes.append(MetricChange(lvl, m.name, None, None, None, None, None, th, m.higher_is_worse, why,
+                                            decision=decision, unit=m.unit, needs=needs))
                 continue
             if policy == "vllm-ci":
-                changes.append(_vllm_ci(lvl, metric, bv, cv, th, worse_up))
+                changes.append(_vllm_ci(lvl, m, bv, cv, th))
             else:
-                changes.append(_harness(lvl, metric, source, b, c, bv, cv, th, worse_up, stat_name))
+                changes.append(_harness(lvl, m, b, c, bv, cv, th))
     behaviours = _behaviours(baseline, candidate, base_runs, cand_runs)
-    regressed = any(c.verdict == "regressed" for c in changes) or any(b.startswith("REGRESSION") for b in behaviours)
+    regressed = any(c.decision == REGRESSED for c in changes) or any(b.startswith("REGRESSION") for b in behaviours)
     return Comparison(changes=changes, behaviours=behaviours, allowed_differences=diffs, regressed=regressed,
                       policy=policy)
 
 
-def _vllm_ci(lvl, metric, bv, cv, th, worse_up) -> MetricChange:
+def _vllm_ci(lvl, m: gm.GateMetric, bv, cv, th) -> MetricChange:
+    """vLLM CI's rule has no noise model, so nothing is undecided: past the ratio or not."""
     mb, mc = _median(bv), _median(cv)
     ratio = mc / mb
-    if worse_up:
+    if m.higher_is_worse:
         verdict = "regressed" if ratio > VLLM_CI_LATENCY_RATIO else ("improved" if ratio < 1 / VLLM_CI_LATENCY_RATIO else "unchanged")
     else:
         verdict = "regressed" if ratio < VLLM_CI_THROUGHPUT_RATIO else ("improved" if ratio > 1 / VLLM_CI_THROUGHPUT_RATIO else "unchanged")
-    return MetricChange(lvl, metric, mb, mc, ratio - 1, None, None, th, worse_up, verdict,
-                        note=f"median of {len(bv)} vs {len(cv)} runs")
+    return MetricChange(lvl, m.name, mb, mc, ratio - 1, None, None, th, m.higher_is_worse, verdict,
+                        note=f"median of {len(bv)} vs {len(cv)} runs",
+                        decision=REGRESSED if verdict == "regressed" else OK, unit=m.unit)
 
 
-def _harness(lvl, metric, source, b, c, bv, cv, th, worse_up, stat="p50") -> MetricChange:
+def more_runs_needed(bv: list[float], cv: list[float], worse_log: float, threshold_log: float,
+                     limit: int = 1000) -> int | None:
+    """About how many more runs per side would make the 95% Welch interval of the log ratio clear
+    the threshold, if the point estimate and the per-run spread stay as they are (None: more than
+    `limit`, or the point sits on the threshold)."""
+    n0 = max(len(bv), len(cv))
+    gap = abs(worse_log - threshold_log)
+    spread = statistics.variance([math.log(v) for v in bv]) + statistics.variance([math.log(v) for v in cv])
+    if spread == 0:
+        return 0
+    if gap == 0:
+        return None
+    for n in range(n0, limit + n0 + 1):
+        if t_quantile(2 * n - 2) * math.sqrt(spread / n) < gap:
+            return n - n0
+    return None
+
+
+def _harness(lvl, m: gm.GateMetric, b, c, bv, cv, th) -> MetricChange:
     interval = log_ratio_interval(bv, cv)
     geo_b = math.exp(statistics.fmean(math.log(v) for v in bv))
     geo_c = math.exp(statistics.fmean(math.log(v) for v in cv))
     change = geo_c / geo_b - 1
-    worse = change if worse_up else -change
-    margin_worse, margin_better = client_margins(b, c, source, geo_b, stat)
+    worse = change if m.higher_is_worse else -change
+    margin_worse, margin_better = client_margins(b, c, m.source, geo_b, m.stat)
+    base = dict(level=lvl, metric=m.name, baseline=geo_b, candidate=geo_c, change=change, threshold=th,
+                higher_is_worse=m.higher_is_worse, unit=m.unit)
     if interval is None:
-        verdict = "inconclusive" if abs(worse) > th else "unchanged"
-        return MetricChange(lvl, metric, geo_b, geo_c, change, None, None, th, worse_up, verdict,
-                            note="one run on a side: no interval")
+        return MetricChange(**base, ci_low=None, ci_high=None, verdict="inconclusive",
+                            note="one run on a side: no interval", decision=UNDECIDED,
+                            needs="at least 2 runs per side (bench --repeats 3)")
     _, lo, hi = interval
-    worse_lo = lo if worse_up else -hi  # the least-bad end of the interval, as worsening
-    better_lo = -hi if worse_up else lo  # the least-good end, as improvement
-    note = ""
+    worse_lo = lo if m.higher_is_worse else -hi  # the least-bad end of the interval, as worsening
+    worse_hi = hi if m.higher_is_worse else -lo  # the worst end
+    better_lo = -worse_hi  # the least-good end, as improvement
+    note, needs, decision, more = "", "", UNDECIDED, None
     if worse_lo > th:
         if worse_lo - margin_worse > th:
-            verdict = "regressed"
+            verdict, decision = "regressed", REGRESSED
         else:
             verdict = "inconclusive (client-bound)"
             note = f"the client's measured delays and the machine's CPU contention account for {100 * margin_worse:.0f}%"
-    elif better_lo > th:
-        if better_lo - margin_better > th:
+            needs = "a quieter machine: more runs cannot take the client's own delays off"
+    elif worse_hi + margin_better <= th:
+        decision = OK
+        if better_lo > th and better_lo - margin_better > th:
             verdict = "improved"
+        elif worse_lo > 0:
+            verdict = "worse, within threshold"
+        elif better_lo > 0:
+            verdict = "better, within threshold"
         else:
-            verdict = "inconclusive (client-bound)"
-            note = f"the baseline's client delays and CPU contention account for {100 * margin_better:.0f}%"
-    elif abs(worse) > th:
-        verdict = "inconclusive"
-    elif worse_lo > 0:
-        verdict = "worse, within threshold"
-    elif better_lo > 0:
-        verdict = "better, within threshold"
+            verdict = "unchanged"
+    elif worse_hi <= th:
+        verdict = "inconclusive (client-bound)"
+        note = f"the baseline's client delays and CPU contention account for {100 * margin_better:.0f}%"
+        needs = "a quieter machine for the baseline: its client's delays could hide a regression"
     else:
-        verdict = "unchanged"
+        verdict = "inconclusive"
+        worse_log = math.log1p(change) * (1 if m.higher_is_worse else -1)
+        more = more_runs_needed(bv, cv, worse_log, gm.worse_log_threshold(m, th))
+        needs = (f"about {more} more run{'' if more == 1 else 's'} per side at this spread" if more is not None
+                 else "more runs than a gate can afford at this spread (the estimate sits on the threshold)")
     margin = margin_worse if worse >= 0 else margin_better
-    return MetricChange(lvl, metric, geo_b, geo_c, change, lo, hi, th, worse_up, verdict, round(margin, 4), note)
+    return MetricChange(**base, ci_low=lo, ci_high=hi, verdict=verdict, client_margin=round(margin, 4), note=note,
+                        decision=decision, needs=needs, more_repeats=more)
 
 
 def _short(value) -> str:
@@ -444,20 +457,62 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.1f}%"
 
 
+def _threshold_cell(c: MetricChange) -> str:
+    return f"{'+' if c.higher_is_worse else '-'}{100 * c.threshold:g}%"
+
+
 def format_table(result: Comparison) -> str:
-    rows = [("level", "metric", "baseline", "candidate", "change", "95% CI", "threshold", "verdict")]
+    rows = [("level", "metric", "baseline", "candidate", "change", "95% CI", "threshold", "decision", "why")]
     for c in result.changes:
         ci = "-" if c.ci_low is None else f"[{_pct(c.ci_low)}, {_pct(c.ci_high)}]"
-        rows.append((c.level, c.metric, "-" if c.baseline is None else f"{c.baseline:.2f}",
-                     "-" if c.candidate is None else f"{c.candidate:.2f}", _pct(c.change), ci,
-                     f"{100 * c.threshold:.0f}%",
-                     (c.verdict.upper() if c.verdict == "regressed" else c.verdict) + (f" ({c.note})" if c.note and c.verdict.startswith("inconclusive (") else "")))
+        why = c.verdict + (f" ({c.note})" if c.note and c.verdict.startswith("inconclusive (") else "")
+        if c.needs and c.decision == UNDECIDED:
+            why += f"; needs {c.needs}"
+        rows.append((c.level, c.metric, gm.fmt_value(c.baseline, c.unit), gm.fmt_value(c.candidate, c.unit),
+                     _pct(c.change), ci, _threshold_cell(c), c.decision, why))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"policy: {result.policy}" + (" (median of runs; latency > 1.20x or throughput < 0.80x)"
                                             if result.policy == "vllm-ci" else
-                                            " (95% interval over runs, beyond threshold after the client's measured delays)")]
+                                            " (95% interval over runs: OK within the threshold, REGRESSED beyond it "
+                                            "after the client's measured delays, UNDECIDED when it straddles)")]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     if result.allowed_differences:
         lines.append("allowed differences: " + "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, (a, b) in result.allowed_differences.items()))
     lines += result.behaviours
     return "\n".join(lines)
+
+
+def _named(c: MetricChange) -> str:
+    ci = f" in [{_pct(c.ci_low)}, {_pct(c.ci_high)}]" if c.ci_low is not None else ""
+    return f"{c.metric} ({c.level}) {_pct(c.change)}{ci} vs {_threshold_cell(c)}"
+
+
+def verdict_line(result: Comparison, undecided: str = "fail") -> str:
+    """The last line compare prints: the verdict, and what more an UNDECIDED one would need."""
+    gated = result.gated
+    skipped = [c for c in result.changes if c.decision == NOT_GATED]
+    tail = f"; not gated: {', '.join(sorted({c.metric for c in skipped}))} (not measured)" if skipped else ""
+    verdict = result.verdict
+    if verdict == REGRESSED:
+        bad = [_named(c) for c in gated if c.decision == REGRESSED]
+        bad += [b.removeprefix("REGRESSION ") for b in result.behaviours if b.startswith("REGRESSION")]
+        return f"REGRESSED: {len(bad)} of {len(gated)} metrics: " + "; ".join(bad)
+    if verdict == UNDECIDED:
+        unsure = [c for c in gated if c.decision == UNDECIDED]
+        more = [c.more_repeats for c in unsure if c.more_repeats is not None]
+        line = f"UNDECIDED: {len(unsure)} of {len(gated)} metrics: " + "; ".join(_named(c) for c in unsure[:3])
+        line += "; ..." if len(unsure) > 3 else ""
+        others = [c.needs for c in unsure if c.more_repeats is None and c.needs]
+        if more:
+            most = max((c for c in unsure if c.more_repeats is not None), key=lambda c: c.more_repeats)
+            span = f"{max(more)}" if min(more) == max(more) else f"{min(more)} to {max(more)}"
+            line += (f"; about {span} more repeats per side would decide {'it' if len(more) == 1 else 'them'} at "
+                     f"this spread" + (f" ({most.metric} the most)" if len(more) > 1 else ""))
+            if others:
+                line += f"; the rest need {others[0]}"
+        elif others:
+            line += f"; needs {others[0]}"
+        if undecided == "pass":
+            line += " (passed: --undecided pass)"
+        return line + tail
+    return f"OK: {len(gated)} of {len(gated)} metrics within their thresholds" + tail

@@ -149,8 +149,47 @@ def read_json(path: str | Path):
 
 
 def load(path: str | Path) -> dict:
-    """Read and validate one bench results file; every problem is a UsageError of one line (exit 2)."""
-    return validate(read_json(path), str(path))
+    """Read and validate one bench results file, or a `vllm bench serve --save-result` file (converted,
+    vllm_import.py); every problem is a UsageError of one line (exit 2)."""
+    from .vllm_import import is_vllm_result, to_results
+
+    data = read_json(path)
+    if is_vllm_result(data):
+        data = to_results(data, str(path))
+    return validate(data, str(path))
+
+
+def side_paths(text: str) -> list[str]:
+    """One side of a comparison: a results file, or several joined by commas (their runs pooled,
+    e.g. three `vllm bench serve --save-result` files as three repeats)."""
+    if "," in text and not Path(text).exists():
+        return [p for p in (part.strip() for part in text.split(",")) if p]
+    return [text]
+
+
+def load_side(text: str) -> dict:
+    """The results of one side: one file, or several pooled (the first file's environment and
+    workload; every run kept, numbered as repeats in order)."""
+    paths = side_paths(text)
+    datas = [load(p) for p in paths]
+    if len(datas) == 1:
+        return datas[0]
+    first = fingerprint(datas[0])
+    for path, data in zip(paths[1:], datas[1:]):
+        if fingerprint(data) != first:
+            raise UsageError(f"{path}: not the same configuration as {paths[0]}: a side's files must be repeats "
+                             "of one benchmark")
+    merged = dict(datas[0])
+    runs, counts = [], {}
+    for data in datas:
+        for run in data.get("runs", []):
+            key = (run.get("concurrency"), run.get("request_rate"))
+            runs.append(dict(run, repeat=counts.get(key, 0)))
+            counts[key] = counts.get(key, 0) + 1
+    merged["runs"] = runs
+    merged["valid"] = all(d.get("valid", True) for d in datas)
+    merged["invalid_reasons"] = [r for d in datas for r in d.get("invalid_reasons") or []]
+    return merged
 
 
 def same_results(paths: list[str]) -> tuple[str, str] | None:

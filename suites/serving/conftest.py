@@ -166,6 +166,12 @@ def server_pool(settings, serving_model_dir, serving_dir, show_progress, harness
 
 
 @pytest.fixture(scope="session")
+def gate_workload() -> tuple[Workload, int]:
+    """(workload, concurrency) of the gate's runs, for the tests that call the gate commands."""
+    return GATE_WORKLOAD, GATE_CONCURRENCY
+
+
+@pytest.fixture(scope="session")
 def gate_results(serving_dir):
     """kind -> path of the gate workload's results (3 repeats), filled by the tests that run them."""
     return {}

@@ -1,4 +1,5 @@
-"""The regression gate on real vLLM: it passes the server against itself, and it catches a real
+"""The regression gate on real vLLM, in the words and exit codes of `compare` and `gate` (OK 0,
+REGRESSED 1, UNDECIDED 3): the interleaved gate passes the server against itself, and compare catches a real
 slowdown (the same server restarted with --max-num-seqs 1). A seeded burst crashes the engine of
 the CPU build (before the restart, so that the crashed server is the one restarted anyway); last,
 the slow server is killed in the middle of a bench: failed requests and a written report, not a
@@ -39,15 +40,27 @@ def baseline_path(server_pool, gate_results, gate_bench, serving_dir) -> Path:
     return gate_results["new"]
 
 
-def test_gate_passes_vllm_against_itself(baseline_path, server_pool, gate_bench, serving_dir, record):
+def _verdict(proc: subprocess.CompletedProcess) -> str:
+    """The last line a gate command printed: its verdict (OK / REGRESSED / UNDECIDED ...)."""
+    lines = proc.stdout.strip().splitlines()
+    return lines[-1] if lines else proc.stderr.strip()
+
+
+def test_gate_passes_vllm_against_itself(baseline_path, server_pool, serving_dir, gate_workload, record):
+    """The interleaved gate (`harness gate`) with the same server on both sides: A/A blocks until
+    every metric is decided; green only on OK (exit 0). UNDECIDED (exit 3) fails: the suite could
+    not establish it, and says what more it needed."""
     served = server_pool.use("new")
-    again = serving_dir / "gate-new-again.json"
-    gate_bench(served, again)
-    proc = _cli("compare", str(baseline_path), str(again), "--json", str(serving_dir / "gate-self.compare.json"))
-    record(table=proc.stdout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    verdicts = {c["metric"]: c["verdict"] for c in json.loads((serving_dir / "gate-self.compare.json").read_text())["changes"]}
-    assert verdicts and "regressed" not in verdicts.values()
+    w, concurrency = gate_workload
+    proc = _cli("gate", "--baseline-endpoint", served.base_url, "--candidate-endpoint", served.base_url,
+                "--model", served.model, *(["--tokenizer", str(served.tokenizer_dir)] if served.tokenizer_dir else []),
+                "--concurrency", str(concurrency), "--num-prompts", str(w.num_prompts),
+                "--input-len", str(w.input_len), "--output-len", str(w.output_len), "--max-blocks", "10",
+                "--budget-s", "420", "--noise-model", str(serving_dir / "gate-noise.json"),
+                "--out", str(serving_dir / "gate-self.json"), "-q", timeout=600)
+    record(table=proc.stdout, verdict=_verdict(proc))
+    assert proc.returncode != 1, _verdict(proc)
+    assert proc.returncode == 0 and _verdict(proc).startswith("OK"), proc.stdout + proc.stderr
 
 
 def test_against_the_given_baseline(settings, baseline_path, serving_dir, record):
@@ -55,9 +68,9 @@ def test_against_the_given_baseline(settings, baseline_path, serving_dir, record
     if settings.baseline is None:
         pytest.skip("no --baseline given")
     proc = _cli("compare", str(settings.baseline), str(baseline_path), "--json", str(serving_dir / "baseline.compare.json"))
-    record(table=proc.stdout, verdict=proc.stderr.strip())
+    record(table=proc.stdout, verdict=_verdict(proc))
     assert proc.returncode != 2, f"not comparable: {proc.stderr.strip()}"
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, _verdict(proc)
 
 
 @pytest.mark.destructive
@@ -113,9 +126,9 @@ def test_gate_catches_max_num_seqs_1(baseline_path, server_pool, gate_bench, ser
                 "--json", str(serving_dir / "gate-slow.compare.json"))
     record(table=proc.stdout)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "regression:" in proc.stderr and "REGRESSED" in proc.stdout
+    assert _verdict(proc).startswith("REGRESSED: ")
     changes = json.loads((serving_dir / "gate-slow.compare.json").read_text())["changes"]
-    regressed = {c["metric"] for c in changes if c["verdict"] == "regressed"}
+    regressed = {c["metric"] for c in changes if c["decision"] == "REGRESSED"}
     assert "output_throughput" in regressed or "ttft_p50" in regressed, regressed
     report = serving_dir / "gate.html"
     assert _cli("report", str(baseline_path), str(slow), "--compare", "--out", str(report)).returncode == 0

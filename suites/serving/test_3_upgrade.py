@@ -34,10 +34,12 @@ def test_upgrade_rehearsal_report(gate_results, server_pool, gate_bench, serving
                   comparison=f"vLLM {v_old} (baseline) -> {v_new} (candidate)\n" + table)
     report = serving_dir / "upgrade.html"
     write_text(report, page)
-    record(old=v_old, new=v_new, regressed=result.regressed, table=table, behaviours=result.behaviours)
+    record(old=v_old, new=v_new, regressed=result.regressed, table=table, behaviours=result.behaviours,
+           verdict=cmp.verdict_line(result))
     for c in result.changes:
         record.row("Upgrade rehearsal", {"metric": c.metric, v_old: c.baseline, v_new: c.candidate,
-                                         "change %": round(100 * c.change, 1), "verdict": c.verdict})
+                                         "change %": None if c.change is None else round(100 * c.change, 1),
+                                         "verdict": c.verdict, "decision": c.decision})
     assert {c.metric for c in result.changes} >= {"ttft_p50", "output_throughput"}
     assert result.allowed_differences["server_version"] == (v_old, v_new)
     # Both versions must have passed every request: a behaviour change would show as REGRESSION.
