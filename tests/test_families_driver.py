@@ -5,6 +5,7 @@ sides of plan --train's verdict, and commands that name real modules."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def second(driver):
     return driver.all_jobs(job_set="mistral-moe")
 
 
-def test_second_run_moe_first_then_mistral_training_with_its_boundary_cases(driver, second):
+def test_mistral_moe_set_runs_the_moe_first_then_mistral_training_and_boundary_cases(driver, second):
     assert [j["kind"] for j in second[:2]] == ["infer", "offload"] and second[0]["arch"] == "qwen3-30b-a3b"
     assert second[0]["claim"] >= 60 * 2**30  # 57 GiB of bf16 weights on the GPU
     train = [j for j in second if j["kind"] == "train"]
@@ -95,7 +96,7 @@ def test_second_run_moe_first_then_mistral_training_with_its_boundary_cases(driv
     assert len({j["name"] for j in second}) == len(second)
 
 
-def test_second_run_boundary_cases_straddle_the_6gib_verdict(driver, second):
+def test_mistral_moe_set_boundary_cases_straddle_the_6gib_verdict(driver, second):
     mine = [TrainCase(**j["case"]) for j in second if j["kind"] == "train" and j["case"]["role"] == "boundary"]
     verdicts = [fits(estimate(model_shape(c.arch), c.query()).planned_bytes, c.budget_bytes,
                      driver.ASSUMED_CONTEXT, default_headroom("train")) for c in mine]
@@ -105,7 +106,7 @@ def test_second_run_boundary_cases_straddle_the_6gib_verdict(driver, second):
     assert 0 < sum(verdicts) < len(mine)
 
 
-def test_second_run_commands(driver, second, tmp_path):
+def test_mistral_moe_set_commands(driver, second, tmp_path):
     from harness.models import reference_config_path
 
     for j in second:
@@ -160,3 +161,13 @@ def test_the_planlimit_set_runs_each_replayed_limit_and_one_percent_past_it(driv
     assert cases[0].arch == "mistral-7b-v0.3" and len({c.key for c in cases}) == len(cases)
     drawn = plan_limit_cases.recipes(random.Random(plan_limit_cases.PLANLIMIT_SEED), plan_limit_cases.committed())
     assert drawn == [{k: r[k] for k in drawn[0]} for r in rows]
+
+
+def test_a_committed_job_set_is_data_the_driver_runs_again(driver):
+    """--jobs: the driver takes a run's jobs.json (a committed run, measurements/vram/families/) as its
+    job set, in order, with the run's own set (model builds follow it)."""
+    import measurements
+
+    job_set, jobs = driver.jobs_from("vram/families/run-10", "issue27")
+    kept = json.loads(next(measurements.unpacked("vram/families/run-10").rglob("jobs.json")).read_text())
+    assert job_set == "again" and jobs == kept and len(jobs) == len({j["name"] for j in jobs}) > 0

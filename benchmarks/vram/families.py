@@ -765,6 +765,23 @@ def model_dirs_for(job_set: str, smoke: bool, out: Path, model_root: Path, devic
     return dirs, saving
 
 
+def jobs_from(spec: str, default_set: str) -> tuple[str, list[dict]]:
+    """(job set, jobs) of a job set kept as data: a jobs.json file, or a run (directory, archive or
+    measurements/ name) whose jobs.json and environment.json (its job_set) are read."""
+    path = Path(spec)
+    if path.is_file():
+        return default_set, json.loads(path.read_text())
+    import measurements
+
+    run = measurements.run_dir(spec)
+    jobs_file = next(iter(sorted(run.rglob("jobs.json"))), None)
+    if jobs_file is None:
+        raise SystemExit(f"--jobs {spec}: no jobs.json in {run}")
+    env_file = jobs_file.with_name("environment.json")
+    job_set = (json.loads(env_file.read_text()).get("job_set") if env_file.is_file() else None) or default_set
+    return job_set, json.loads(jobs_file.read_text())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -776,6 +793,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny cases of the set's kinds through the scheduler")
     ap.add_argument("--list", action="store_true", help="print the jobs in order and exit")
+    ap.add_argument("--jobs", help="run a job set kept as data instead of drawing --set: a jobs.json, a run "
+                    "directory, or a committed run (vram/families/run-10); its set is the run's job_set")
     ap.add_argument("--infer-worker", help=argparse.SUPPRESS)
     ap.add_argument("--precision", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -784,7 +803,10 @@ def main(argv=None) -> int:
         deadline = float(os.environ.get("FAMILIES_DEADLINE", time.time() + 120))
         infer_worker(args.infer_worker, args.precision, Path(args.model_dir), Path(args.out), args.device, deadline - 10)
         return 0
-    jobs = all_jobs(args.smoke, args.set)
+    if args.jobs:
+        args.set, jobs = jobs_from(args.jobs, args.set)
+    else:
+        jobs = all_jobs(args.smoke, args.set)
     if args.list:
         for j in jobs:
             verdict = f"  {case_verdict(TrainCase(**j['case']))}" if j["kind"] in ("train", "snapshot-train") else ""
