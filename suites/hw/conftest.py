@@ -66,10 +66,10 @@ class MachineVerdictPlugin:
 
     def active(self) -> bool:
         """The controller of a `pytest suites/hw` run (not an xdist worker, not a mixed or collect-only run)."""
-        from harness.plugin_run import suite_name
+        from harness.plugin_run import runs_no_test, suite_name
 
         config = self.config
-        return (not hasattr(config, "workerinput") and not config.option.collectonly
+        return (not hasattr(config, "workerinput") and runs_no_test(config) is None
                 and _run(config) is not None and suite_name(config) == "hw")
 
     def pytest_runtest_logreport(self, report):
@@ -141,9 +141,9 @@ def verdict(record):
                expectation=result.expectation, fix=result.fix, details=result.details)
         record.row(READINESS, {"check": result.check, "value": result.value, "expectation": result.expectation,
                                "verdict": result.verdict, "fix": result.fix})
-        print(result.line())
-        if result.verdict == "fail":
+        if result.verdict == "fail":  # the failure's message is the line (printed too, it would show twice)
             pytest.fail(result.line(), pytrace=False)
+        print(result.line())
         if result.verdict == "skip":
             pytest.skip(f"{result.check}: {result.value}")
         if result.verdict == "warn":
