@@ -37,6 +37,11 @@ def _print_text(result) -> None:
         print(f"not recognised: {result.what_happened}")
         return
     print(f"{result.kind}: {result.what_happened}")
+    if result.source:
+        s = result.source
+        print(f"raised at: {s['library']} {s['version'] or '?'} {s['file']}:{s['line']} ({s['exception']}"
+              + (f", when {s['condition']}" if s.get("condition") else "") + ")"
+              + (" -- the text holds the message's start only" if s.get("matched") == "cut" else ""))
     print("\nlikely causes, most likely first:")
     for i, cause in enumerate(result.causes, 1):
         print(f"  {i}. {cause.cause}\n     evidence: {cause.evidence}")
