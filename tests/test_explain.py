@@ -17,6 +17,7 @@ DATA = Path(__file__).parent / "data" / "explain"
 TRAIN = json.loads((DATA / "real_messages.json").read_text())["cases"]
 HELD_OUT = json.loads((DATA / "held_out.json").read_text())["cases"]
 HELD_OUT_2 = json.loads((DATA / "held_out_2.json").read_text())["cases"]  # collected after the recognisers
+HELD_OUT_3 = json.loads((DATA / "held_out_3.json").read_text())["cases"]  # issue 44's kinds, after their recognisers
 
 
 def _fix_names(result, words) -> bool:
@@ -34,10 +35,11 @@ def test_real_message_kind_and_fix(case):
 
 
 def test_real_messages_are_sourced_short_excerpts():
-    for case in TRAIN + HELD_OUT + HELD_OUT_2:
+    every = TRAIN + HELD_OUT + HELD_OUT_2 + HELD_OUT_3
+    for case in every:
         assert case["url"].startswith("https://github.com/") and case["kind"] in KINDS
         assert len(case["text"]) < 2500 and case["cause"]
-    assert len({c["id"] for c in TRAIN + HELD_OUT + HELD_OUT_2}) == len(TRAIN + HELD_OUT + HELD_OUT_2)
+    assert len({c["id"] for c in every}) == len(every) and len({c["url"] for c in every}) == len(every)
     ids = [c["id"] for c in TRAIN + HELD_OUT]
     assert len(ids) == len(set(ids)) and len(HELD_OUT) * 3 >= len(ids) - 3
 
@@ -48,6 +50,14 @@ def test_held_out_loosely():
     recognised = [(c, r) for c, r in results if r.recognised]
     assert len(recognised) >= 0.6 * len(results)
     assert sum(r.kind == c["kind"] for c, r in recognised) >= 0.75 * len(recognised)
+
+
+def test_held_out_3_goals():
+    """Issue 44's goals on its held-out set: right kind on >= 85 %, no wrong kind (a confident wrong
+    kind is worse than none). Measured first at 31/33 right, 0 wrong; the figures are the benchmark's."""
+    results = [(c, explain(c["text"])) for c in HELD_OUT_3]
+    assert sum(r.kind == c["kind"] for c, r in results) >= 0.85 * len(results)
+    assert not [c["url"] for c, r in results if r.recognised and r.kind != c["kind"]]
 
 
 # --- noisy logs: the same message under decorations must give the same answer -------------------

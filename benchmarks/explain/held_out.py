@@ -4,7 +4,9 @@ tests/data/explain/held_out.json holds error texts users posted in public issue 
 off by URL hash (sha256(url) % 3 == 0) before any recogniser was written, and never used to tune
 one; held_out_2.json was collected after the recognisers were written and changed none. For each: is it recognised, is the kind the thread's, and does the fix name what the thread
 established (one of the case's `fix_must` words; cases whose thread established no fix count as
-n/a). Also runs the training set for comparison.
+n/a). held_out_3.json (issue 44) holds threads of the kinds added then and vLLM start-up OOMs,
+collected after those recognisers and the library catalog were committed. Also runs the training
+set for comparison.
 
     python3 benchmarks/explain/held_out.py [--out reports/explain_held_out.json]
 """
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "reports" / "explain_held_out.json"))
     args = parser.parse_args(argv)
     out = {}
-    for name in ("held_out", "held_out_2", "real_messages"):
+    for name in ("held_out", "held_out_2", "held_out_3", "real_messages"):
         if not (DATA / f"{name}.json").is_file():
             continue
         cases = json.loads((DATA / f"{name}.json").read_text())["cases"]

@@ -115,6 +115,7 @@ def gib(n: int | float | None) -> str:
 
 
 WHOLE_TAIL = 256 * 1024  # a long log's last 256 KiB is read whole; before it, only lines that can matter
+KEPT_HEAD = 1024**2  # and of those, the last 1 MiB
 _KEEP = ("error", "warn", "fail", "exception", "traceback", "raise", "abort", "assert", "fatal", "critical", "kill",
          "oom", "memory", "cuda", "nccl", "xid", "nvrm", "gpu", "nan", ": inf", "=inf", "= inf", "fault", "denied", "refused", "cannot",
          "can't", "unable", "invalid", "mismatch", "missing", "not found", "not supported", "not compatible",
@@ -126,8 +127,9 @@ _KEEP = ("error", "warn", "fail", "exception", "traceback", "raise", "abort", "a
 
 def condense(raw: str) -> str:
     """A long log (> 1 MiB) without its routine lines: the last WHOLE_TAIL characters whole, and
-    before them only the lines a recogniser could read (an error word, a figure it uses). A
-    200 MB training log is mostly progress and loss lines; this keeps explain's time bounded."""
+    before them only the lines a recogniser could read (an error word, a figure it uses), the last
+    KEPT_HEAD of them. A 200 MB training log is mostly progress and loss lines; this keeps
+    explain's time bounded."""
     if len(raw) <= 1024**2:
         return raw
     head, tail = raw[:-WHOLE_TAIL], raw[-WHOLE_TAIL:]
@@ -142,8 +144,11 @@ def condense(raw: str) -> str:
             if end < 0:
                 break
             at = lower.find(word, end)
-    kept = []
-    for start in sorted(starts):
+    kept, size = [], 0
+    for start in sorted(starts, reverse=True):  # the last KEPT_HEAD of them: a log of nothing but warnings stays bounded
         end = head.find("\n", start)
         kept.append(head[start:end if end >= 0 else len(head)])
-    return "\n".join(kept) + "\n" + tail
+        size += len(kept[-1]) + 1
+        if size > KEPT_HEAD:
+            break
+    return "\n".join(reversed(kept)) + "\n" + tail
