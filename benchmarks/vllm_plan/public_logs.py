@@ -64,7 +64,7 @@ def main() -> int:
                 f"non-torch {r['non_torch_bytes'] / GiB:.2f}, graphs {r['cuda_graph_bytes'] / GiB:.2f} "
                 f"-> KV {r['kv_cache_bytes'] / GiB:.2f} GiB = {r['kv_cache_tokens']:,} tokens, "
                 f"{r['max_concurrency']:.1f}x")
-        print(line + ("" if r["starts"] else f"\n      does not start: {r['reason']}"))
+        print(line + ("" if r["starts"] == "yes" else f"\n      does not start: {r['reason']}"))
     write_json(OUT, {"summary": summary, "logs": [c.as_row() for c in checks], "seeds": seeds})
     print(f"\nwritten: {OUT.relative_to(ROOT)}")
     return 0

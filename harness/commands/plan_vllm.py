@@ -123,9 +123,10 @@ def version_for(args: argparse.Namespace) -> tuple[str, str | None]:
     from ..memory.vllm_plan import DEFAULT_VERSION
 
     if args.vllm_version:
-        if not VERSION_TEXT.match(args.vllm_version):
-            raise UsageError(f"--vllm-version: {args.vllm_version!r} is not a version like 0.11, 0.6.4 or 0.8.5.post1")
-        return args.vllm_version, None
+        for text in args.vllm_version.split(","):
+            if not VERSION_TEXT.match(text):
+                raise UsageError(f"--vllm-version: {text!r} is not a version like 0.11, 0.6.4 or 0.8.5.post1")
+        return args.vllm_version.split(",")[0], None
     if args.vllm_engine == "v0":
         return LAST_V0_VERSION, (f"no --vllm-version: V0 planned with vLLM {LAST_V0_VERSION}'s rules (its last "
                                  "release with V0; V0 from 0.6.5 to 0.10 sizes the cache the same way)")
@@ -180,10 +181,14 @@ def _queries(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    """0 when the plan starts, 1 when it does not (a failed check, as for every command); a sweep
-    table is a report, not a check: 0."""
+    """0 when the plan starts, 1 when it does not or cannot say (unknown: a failed check, as for
+    every command); a sweep table is a report, not a check: 0. `--vllm-version A,B`: both plans
+    side by side with the delta and its cause (plan_vllm_versions)."""
     from ..memory.vllm_plan import model_facts, plan
 
+    if args.vllm_version and "," in args.vllm_version:
+        from .plan_vllm_versions import run_versions
+        return run_versions(args, _queries, model_facts, plan)
     queries = _queries(args)
     facts = model_facts(args.config)
     notes = [n for n in (version_for(args)[1], _lora_note(args)) if n]
@@ -196,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(result.as_dict(), indent=1))
         else:
             _print_one(result, facts.name)
-        return 0 if result.starts else 1
+        return 0 if result.verdict == "yes" else 1
     if args.json:
         print(json.dumps({"model": facts.name, "plans": [r.as_dict() for *_, r in results]}, indent=1))
         return 0
@@ -220,13 +225,22 @@ def _print_one(p, name: str) -> None:
     print(f"  - non-torch                      {_gib(p.non_torch_bytes):>11}")
     graphs = "subtracted" if s["cuda_graphs_subtracted"] else "not subtracted (taken after the KV cache)"
     print(f"    CUDA graphs                    {_gib(p.cuda_graph_bytes):>11}   {graphs}")
+    per = (f"{p.kv_bytes_per_token} bytes/token" if not p.kv_groups else
+           f"{len(p.kv_groups)} KV cache groups (" + ", ".join(_group_text(g) for g in p.kv_groups[:4]) +
+           (", ..." if len(p.kv_groups) > 4 else "") + ")")
     print(f"  = KV cache                       {_gib(p.kv_cache_bytes):>11}   {p.num_blocks} blocks of "
-          f"{p.block_size} tokens, {p.kv_bytes_per_token} bytes/token")
+          f"{p.block_size} tokens, {per}")
     print(f"  KV cache tokens {p.kv_cache_tokens:,} · max concurrency at {p.max_model_len} tokens: "
           f"{p.max_concurrency:.2f}x")
-    print(f"  starts: {'yes' if p.starts else 'no — ' + p.reason}")
     for note in p.notes:
         print(f"  note: {note}")
+    verdict = p.verdict or ("yes" if p.starts else "no")
+    print(f"starts: {'yes' if verdict == 'yes' else verdict + ' — ' + p.reason}")
+
+
+def _group_text(g: dict) -> str:
+    window = f" {g['window']}" if g.get("window") else ""
+    return f"{g['layers']} {g['kind']}{window} x {g['pages_per_request']} blocks/request"
 
 
 def _print_sweep(results, name: str) -> None:
@@ -249,6 +263,8 @@ def _print_sweep(results, name: str) -> None:
             p = columns[label].get(length)
             if p is None:
                 cells.append("")
+            elif p.verdict == "unknown":
+                cells.append("unknown")
             elif not p.starts:
                 cells.append("-")
             else:

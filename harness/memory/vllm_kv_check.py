@@ -108,7 +108,19 @@ def _stub_torchvision() -> str | None:
     return "no torchvision here: transformers' Qwen-VL image/video processor modules stubbed for the import"
 
 
+def quantization_tables() -> dict:
+    """vLLM's quantization methods and the activation dtypes of those the plan sizes."""
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+
+    dtypes = {}
+    for name in ("awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "mxfp4", "gpt_oss_mxfp4"):
+        dtypes[name] = [str(d).replace("torch.", "") for d in get_quantization_config(name).get_supported_act_dtypes()]
+    return {"methods": sorted(QUANTIZATION_METHODS), "act_dtypes": dtypes}
+
+
 def check(case: dict) -> dict:
+    if case.get("kind") == "quantization":
+        return quantization_tables()
     import torch
     from vllm.engine.arg_utils import EngineArgs
     from vllm.platforms import current_platform

@@ -19,6 +19,9 @@ from .vllm_kv_layout import LayerSpec, align_hybrid_block_size
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2}
 ATTENTION_KINDS = {"full_attention", "sliding_attention", "chunked_attention"}
+# The layer_types values vLLM 0.31 / 0.32's model files switch on (their `layer_type == ...` tests
+# and decoder-layer tables): a config naming anything else describes a layer vLLM does not have.
+VLLM_LAYER_KINDS = ATTENTION_KINDS | {"linear_attention", "conv", "mamba", "attention", "hybrid", "moe", "sparse"}
 
 
 class Unmodelled(Exception):
@@ -99,6 +102,10 @@ def _layer_types(c: dict, default: Callable[[int], str]) -> list[str]:
         return [default(i) for i in range(n)]
     if len(types) != n:
         raise UsageError(f"config: layer_types has {len(types)} entries but num_hidden_layers is {n}")
+    odd = sorted({str(t) for t in types} - VLLM_LAYER_KINDS)
+    if odd:
+        raise UsageError(f"config: layer_types names {odd[0]!r}, a layer kind vLLM does not have "
+                         f"(vLLM's model files know {', '.join(sorted(VLLM_LAYER_KINDS))})")
     return list(types)
 
 

@@ -4,7 +4,7 @@ a model directory (its safetensors headers give the stored weight bytes) or a re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
@@ -35,6 +35,8 @@ class ModelFacts:
     not_modelled: str = ""  # an architecture feature the plan does not model (MoE, MLA, sliding window)
     max_len_limit: int | None = None  # the longest max_model_len vLLM accepts (its "derived max_model_len")
     architecture: str = ""  # config.json's architectures[0] (vLLM picks its model runner by it)
+    # the config.json itself: vLLM's per-layer KV specs are read from it (vllm_kv_families)
+    config: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def padded_vocab(self) -> int:
@@ -55,7 +57,9 @@ _QUANT_METHODS = {"awq": "awq", "gptq": "gptq", "compressed-tensors": "compresse
 
 def _config_quantization(config: dict) -> tuple[str, int, int]:
     qc = config.get("quantization_config") or {}
-    method = _QUANT_METHODS.get(str(qc.get("quant_method", "")).lower(), "none")
+    raw = str(qc.get("quant_method") or "").lower()
+    # a method the plan does not size keeps its name: vllm_quant_rules refuses what vLLM refuses
+    method = _QUANT_METHODS.get(raw, raw or "none")
     group, bits = int(qc.get("group_size") or 128), int(qc.get("bits") or qc.get("w_bit") or 4)
     if method == "compressed-tensors":
         for group_cfg in (qc.get("config_groups") or {}).values():
@@ -99,12 +103,6 @@ def model_facts(spec: str | Path | dict) -> ModelFacts:
     features = []
     if any(config.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
         features.append("mixture of experts")
-    if config.get("kv_lora_rank"):
-        features.append("multi-head latent attention")
-    if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []) or (
-            config.get("sliding_window") and config.get("use_sliding_window") is None
-            and facts_family(config) in ("mistral", "gemma2", "gemma3", "cohere2")):
-        features.append("sliding-window layers")
     return ModelFacts(
         name=name, layers=shape.layers, hidden=shape.hidden, intermediate=shape.intermediate,
         kv_heads=shape.kv_heads, head_dim=shape.head_dim, vocab=shape.vocab, tied=shape.tied,
@@ -112,6 +110,7 @@ def model_facts(spec: str | Path | dict) -> ModelFacts:
         config_dtype=dtype, params=shape.total_params, linears=linears, quantization=quant,
         group_size=group, weight_bits=bits, stored_weights_bytes=stored, not_modelled=", ".join(features),
         max_len_limit=derived_max_len(config), architecture=str((config.get("architectures") or [""])[0]),
+        config=config,
     )
 
 

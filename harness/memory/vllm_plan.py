@@ -58,6 +58,7 @@ from ..errors import UsageError
 from .gpus import Gpu
 from .vllm_alloc import cublas_workspace_bytes, load_slack_bytes
 from .vllm_model import ModelFacts, model_facts  # noqa: F401  (model_facts: re-exported for callers)
+from .vllm_plan_kv import gpu_kv_layout, kv_layout_note, layout_fit_reason
 
 GiB = 1024**3
 MiB = 1024**2
@@ -159,6 +160,9 @@ def validate(q: VllmQuery) -> None:
     if parse_version(q.vllm_version) < OLDEST_VERSION:
         raise UsageError(f"--vllm-version: {q.vllm_version} is older than 0.5, the first release these memory "
                          "rules cover")
+    if parse_version(q.vllm_version) > NEWEST_VERSION:
+        raise UsageError(f"--vllm-version: {q.vllm_version} is an unknown version: newer than any release these "
+                         f"memory rules were read from (0.5 to 0.{NEWEST_VERSION[1]})")
     if not 0 < q.gpu_memory_utilization <= 1:
         raise UsageError(f"--gpu-memory-utilization: {q.gpu_memory_utilization} must be in (0, 1]")
     for name in ("max_model_len", "max_lora_rank", "max_loras", "block_size"):
@@ -312,10 +316,17 @@ def weights_bytes(facts: ModelFacts, s: EngineSettings) -> int:
     if facts.stored_weights_bytes is not None and s.quantization in ("none", facts.quantization):
         base = facts.stored_weights_bytes
     else:
-        quantized = sum(linear_bytes(i, o, s.quantization, s.act_bytes, facts.group_size,
-                                     facts.weight_bits) * c for _, i, o, c in facts.linears)
         other = facts.params - facts.linear_params
-        base = quantized + other * s.act_bytes
+        if s.quantization == "mxfp4":
+            # gpt-oss: MXFP4 experts (4-bit values + one e8m0 scale per 32: 4.25 bits), attention,
+            # router and embeddings left in the model dtype (its modules_to_not_convert); the
+            # fused expert tensors are the non-linear parameters beyond the embeddings
+            embeddings = facts.vocab * facts.hidden * (1 if facts.tied else 2)
+            base = (facts.linear_params + embeddings) * s.act_bytes + (other - embeddings) * 4.25 / 8
+        else:
+            quantized = sum(linear_bytes(i, o, s.quantization, s.act_bytes, facts.group_size,
+                                         facts.weight_bits) * c for _, i, o, c in facts.linears)
+            base = quantized + other * s.act_bytes
     pad_rows = facts.padded_vocab - facts.vocab
     base += pad_rows * facts.hidden * s.act_bytes * (1 if facts.tied else 2)
     rope = facts.max_position * facts.rotary_dim * s.act_bytes
@@ -365,6 +376,7 @@ class VllmPlan:
     starts: bool
     reason: str
     num_blocks: int = 0
+    verdict: str = ""  # yes | no | unknown (a layer kind the plan does not model)
     block_size: int = GPU_BLOCK_SIZE
     kv_bytes_per_token: int = 0
     requested_bytes: int = 0
@@ -375,9 +387,12 @@ class VllmPlan:
     largest_gpu_memory_utilization: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    kv_groups: list[dict] = field(default_factory=list)  # hybrid layouts: vLLM's KV cache groups
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["starts"] = self.verdict or ("yes" if self.starts else "no")
+        return out
 
 
 def kv_bytes_per_token(facts: ModelFacts, kv_bytes: int) -> int:
@@ -408,8 +423,8 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, EngineSettings]:
     graphs = 0 if q.enforce_eager else CUDA_GRAPH_BYTES
     notes: list[str] = [n for n in (version_note(s.version),) if n]
     if facts.not_modelled:
-        notes.append(f"{facts.not_modelled}: not modelled (KV per token and activation assume a dense "
-                     "decoder with full attention in every layer)")
+        notes.append(f"{facts.not_modelled}: the activation peak is the dense-MLP rule's estimate and the weights "
+                     "count every expert; the KV cache follows vLLM's per-layer specs")
     total = q.gpu.total_bytes
     requested = math.ceil(total * q.gpu_memory_utilization)
     weights_counted = weights
@@ -436,8 +451,20 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, EngineSettings]:
     bytes_per_block = per_token * q.block_size
     blocks = max(0, kv // bytes_per_block) if kv > 0 else 0
     tokens, concurrency = capacity(blocks, q.block_size, q.max_model_len, s.version, s.engine)
+    layout, unknown = gpu_kv_layout(facts, s, q, kv)
+    kv_fit = None
+    if layout is not None and layout.hybrid:
+        blocks, tokens = layout.sizing.num_blocks, layout.sizing.kv_cache_tokens
+        concurrency, bytes_per_block = layout.sizing.max_concurrency, layout.sizing.bytes_per_block
+        per_token = 0
+        kv_fit = layout_fit_reason(layout, q.max_model_len)
     starts, reason = start_verdict(facts, q, s, kv, blocks, bytes_per_block, requested, act,
-                                   graphs - subtracted_graphs)
+                                   graphs - subtracted_graphs, kv_fit)
+    verdict = "yes" if starts else "no"
+    if unknown:
+        starts, verdict, reason = False, "unknown", f"unknown: {unknown}"
+    if layout is not None and layout.hybrid:
+        notes.append(kv_layout_note(layout))
     if s.version < (0, 20) and not q.enforce_eager:
         notes.append(f"CUDA graphs (~{graphs / GiB:.1f} GiB) are captured after the KV cache and come out "
                      f"of the {1 - q.gpu_memory_utilization:.0%} left outside the utilization")
@@ -445,8 +472,10 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, EngineSettings]:
         weights_bytes=int(weights_counted), activation_bytes=int(act), non_torch_bytes=int(non_torch),
         cuda_graph_bytes=int(graphs), kv_cache_bytes=int(kv), kv_cache_tokens=int(tokens),
         max_concurrency=round(concurrency, 2), starts=starts, reason=reason, num_blocks=int(blocks),
-        block_size=q.block_size, kv_bytes_per_token=per_token, requested_bytes=requested,
-        total_bytes=total, max_model_len=q.max_model_len,
+        block_size=layout.block_size if layout is not None and layout.hybrid else q.block_size,
+        kv_bytes_per_token=per_token, requested_bytes=requested,
+        total_bytes=total, max_model_len=q.max_model_len, verdict=verdict,
+        kv_groups=layout.groups if layout is not None and layout.hybrid else [],
         settings={"vllm_version": ".".join(map(str, s.version)), "engine": s.engine, "model_runner": s.runner,
                   "regime": s.regime, "quantization": s.quantization, "max_num_seqs": s.max_num_seqs,
                   "max_num_batched_tokens": s.max_num_batched_tokens, "chunked_prefill": s.chunked_prefill,
@@ -459,7 +488,7 @@ def _core(facts: ModelFacts, q: VllmQuery) -> tuple[VllmPlan, EngineSettings]:
 
 
 def start_verdict(facts: ModelFacts, q: VllmQuery, s: EngineSettings, kv: int, blocks: int, bytes_per_block: int,
-                  requested: int, act: int, late_graphs: int) -> tuple[bool, str]:
+                  requested: int, act: int, late_graphs: int, kv_fit: str | None = None) -> tuple[bool, str]:
     """(starts, why not): vLLM's own refusals at start, in the order it checks them, then a CUDA
     out-of-memory where the card holds less than what is allocated (late_graphs: CUDA graph memory
     not subtracted from the KV cache, taken after it)."""
@@ -483,6 +512,8 @@ def start_verdict(facts: ModelFacts, q: VllmQuery, s: EngineSettings, kv: int, b
     elif kv <= 0:
         starts = False
         reason = "no available memory for the cache blocks"
+    elif kv_fit is not None:  # a hybrid layout: vLLM's check over its KV cache groups
+        starts, reason = kv_fit == "", kv_fit
     else:
         needed_blocks = -(-q.max_model_len // q.block_size)
         usable_blocks = blocks - (1 if (s.engine == "v1" and s.version >= (0, 20)) else 0)
@@ -514,8 +545,11 @@ def plan(facts: ModelFacts, q: VllmQuery, *, search: bool = True) -> VllmPlan:
     smallest gpu_memory_utilization that would (searched with the whole plan recomputed: in V0
     max_num_batched_tokens follows max_model_len, so the activation moves with it)."""
     validate(q)
+    from .vllm_quant_rules import check_quantization
+    check_quantization(q.quantization if q.quantization is not None else facts.quantization, q.dtype,
+                       parse_version(q.vllm_version), from_config=q.quantization is None)
     result, s = _core(facts, q)
-    if not result.starts and search and not result.reason.startswith("FP8 weights"):
+    if result.verdict == "no" and search and not result.reason.startswith("FP8 weights"):
         result.largest_max_model_len = _largest_len(facts, q)
         window = _utilization_window(facts, q)
         hints = []

