@@ -191,8 +191,14 @@ class HarnessRun:
 
     def pytest_report_header(self, config):
         readiness = env_mod.gpu_readiness(self.environment)
-        return [f"harness: {env_mod.header_line(self.environment)}",
-                f"harness: GPU {readiness.state}: {readiness.reason}"]
+        lines = [f"harness: {env_mod.header_line(self.environment)}",
+                 f"harness: GPU {readiness.state}: {readiness.reason}"]
+        server = self.results.machine.get("server")
+        if server:  # --endpoint: the server under test is not the local vLLM of the line above
+            from .report.server import describe
+
+            lines.append(f"harness: server tested: {describe(server)}")
+        return lines
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_metadata(self, metadata, config):

@@ -52,6 +52,7 @@ def test_the_machine_line_of_an_endpoint_run_describes_the_server_tested(pyteste
         result = pytester.runpytest_subprocess("-p", "harness.plugin", "-p", "no:cacheprovider", "--endpoint",
                                                server.base_url + "/v1", "--report-dir", str(out))
     assert result.ret == 0
+    assert any(line.startswith("harness: server tested: ") and "version standin-1" in line for line in result.outlines)
     data = json.loads((out / "latest.json").read_text())
     seen = data["machine"]["server"]
     assert seen["version"] == "standin-1" and "standin" in seen["models"] and seen["error"] is None
@@ -76,3 +77,15 @@ def test_the_offload_line_of_the_vram_report_is_words_not_a_dict():
     (line,) = families_truth.summary_lines(summary)
     assert "layers: 2 on GPU, 46 on CPU, 0 on disk; no OOM" in line
     assert "{" not in line and "oom=" not in line
+
+
+def test_any_suite_verdict_over_skipped_checks_says_so():
+    """The generic card (a suite without its own verdict): 'All passed' only when everything ran."""
+    data = _serving_run({"passed": 4, "skipped": 2}, "no bitsandbytes")
+    for t in data["tests"]:
+        t["nodeid"] = t["nodeid"].replace("suites/serving/", "suites/quant/")
+    (card,) = verdicts.for_run(data)
+    assert card.answer == "All 4 checks run passed; 2 skipped (no bitsandbytes)" and card.state == "warn"
+    data["tests"] = [t for t in data["tests"] if t["outcome"] == "passed"]
+    (card,) = verdicts.for_run(data)
+    assert card.answer == "All passed" and card.state == "good"

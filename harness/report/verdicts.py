@@ -292,6 +292,13 @@ def generic(suite: str, tests: list[dict]) -> Verdict:
         return Verdict(question, f"{len(failures)} failed", "bad", _failure_lines(failures))
     if all(t["outcome"] == "skipped" for t in tests):
         return Verdict(question, "Not run", "neutral", [f"skipped: {tests[0].get('message')}"])
+    skipped = [t for t in tests if t["outcome"] == "skipped"]
+    if skipped:  # what ran passed, but not everything ran: say how much and why, not a bare green
+        reasons = skip_reasons(skipped)
+        ran = len(tests) - len(skipped)
+        answer = (f"All {fmt.plural(ran, 'check')} run passed; {len(skipped)} skipped "
+                  f"({_short(reasons[0][0])}{', ...' if len(reasons) > 1 else ''})")
+        return Verdict(question, answer, "warn", [_counts(tests)] + [f"{n} skipped: {why}" for why, n in reasons])
     return Verdict(question, "All passed", "good", [_counts(tests)])
 
 
