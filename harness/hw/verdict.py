@@ -32,13 +32,17 @@ class MachineVerdict:
     outcomes: list[CheckOutcome] = field(default_factory=list)
 
 
+def _checks(n: int) -> str:
+    return f"{n} check" if n == 1 else f"{n} checks"
+
+
 def decide(outcomes: list[CheckOutcome], gpu_state: str, gpu_reason: str, pci_read: bool,
            interrupted: bool = False, deselected: int = 0) -> MachineVerdict:
     """The verdict over the checks' outcomes and the probe's GPU readiness (ready/absent/broken)."""
     failed = [o for o in outcomes if o.outcome in ("failed", "error")]
     passed = [o for o in outcomes if o.outcome == "passed"]
     gaps = [o for o in outcomes if o.outcome == "skipped" and not any(b in o.message for b in BY_DESIGN)]
-    selection = f" ({len(outcomes)} checks selected, {deselected} deselected)" if deselected else ""
+    selection = f"; {len(outcomes)} of {len(outcomes) + deselected} checks selected" if deselected else ""
     if failed:
         first = failed[0]
         more = f" (+{len(failed) - 1} more failed: {', '.join(o.check for o in failed[1:])})" if len(failed) > 1 else ""
@@ -52,9 +56,9 @@ def decide(outcomes: list[CheckOutcome], gpu_state: str, gpu_reason: str, pci_re
     if gpu_state == "absent":
         what = "no NVIDIA device" if pci_read else "no NVIDIA driver found (the PCI bus could not be read)"
         return MachineVerdict("CPU-only", f"CPU-only: {what}, GPU checks skipped "
-                                          f"({len(passed)} CPU-side checks passed){selection}", 0, outcomes)
+                                          f"({_checks(len(passed))} without a GPU passed{selection})", 0, outcomes)
     warned = [o.check for o in passed if o.warned]
-    parts = [f"{len(passed)} checks passed"]
+    parts = [f"{_checks(len(passed))} passed"]
     if warned:
         parts.append(f"{len(warned)} with warnings ({', '.join(warned)})")
     if gaps:
