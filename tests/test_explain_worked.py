@@ -23,19 +23,19 @@ def explain_json(case_id: str) -> dict:
 def test_qwen15_7b_max_model_len():
     """QwenLM/Qwen3#295: 32768 > 7344 KV tokens; the maintainer's --max_model_len 7200 started it."""
     out = explain_json("QwenLM__Qwen3__295")
-    length = out["computed"]["max_model_len"]
-    assert length == 7344 and "--max-model-len 7344" in out["fix"]
+    length, to_start = out["computed"]["max_model_len"], out["computed"]["max_model_len_to_start"]
+    assert length == 7344 and to_start == 7168 and f"--max-model-len {to_start}:" in out["fix"]
     thread_worked = 7200
-    assert thread_worked <= length and (length - thread_worked) / length < 0.05
+    assert to_start <= thread_worked <= length and (thread_worked - to_start) / thread_worked < 0.10
 
 
 def test_api_for_open_llm_context_len():
     """xusenlinzy/api-for-open-llm#225 (held out): 8192 > 4512 KV tokens; the thread's CONTEXT_LEN=4096 works."""
     out = explain_json("xusenlinzy__api-for-open-llm__225")
-    length = out["computed"]["max_model_len"]
-    assert length == 4512
+    length, to_start = out["computed"]["max_model_len"], out["computed"]["max_model_len_to_start"]
+    assert length == 4512 and to_start == 4352
     thread_worked = 4096
-    assert thread_worked <= length  # the thread's value is inside what explain says fits
+    assert thread_worked <= to_start <= length  # the thread's value is inside what explain says fits
 
 
 def test_torch_211_free_memory_utilization():

@@ -228,10 +228,23 @@ def _vllm_startup_oom(log: Log, evidence: str, f: dict) -> Finding | None:
         cause = Cause("vLLM ran out of memory in its profile run (one forward pass of --max-num-batched-tokens "
                       "tokens, before the KV cache is sized): the weights left too little room for the activations; "
                       + _ALSO, log.line_of(profile))
-        fix = ("lower --max-num-batched-tokens (the profile run's size; e.g. 2048) and --max-num-seqs, or "
-               "--max-model-len when chunked prefill is off, or serve a quantized model; raising "
-               "--gpu-memory-utilization does not help a profile-run OOM")
+        tokens = re.search(r"max_num_batched_tokens[=: ]+(\d+)", log.text)
+        if tokens and int(tokens.group(1)) >= 1024:
+            half = int(tokens.group(1)) // 2
+            computed = {"max_num_batched_tokens": half, "source": f"the log's max_num_batched_tokens "
+                        f"{tokens.group(1)} halved: the profile run's activations scale with it"}
+            first = (f"start with --max-num-batched-tokens {half} (half the log's {tokens.group(1)}: the profile "
+                     f"run's activations scale with it)")
+        else:
+            computed = None
+            first = ("lower --max-num-batched-tokens (the profile run's size; the log does not show the value it ran "
+                     "with: add vLLM's config line, max_num_batched_tokens=..., to the text and half of it is "
+                     "computed)")
+        fix = (first + "; also lower --max-num-seqs, or --max-model-len when chunked prefill is off, or serve a "
+               "quantized model; raising --gpu-memory-utilization does not help a profile-run OOM")
         what = "vLLM's start-up ran out of GPU memory in its profile run"
+        return Finding("vllm_startup", what, [cause], fix + ".", score=85, position=len(log.text),
+                       figures_from_log=f, computed=computed)
     return Finding("vllm_startup", what, [cause], fix + ".", score=85, position=len(log.text), figures_from_log=f,
                    computed={"gpu_memory_utilization": lower, "source": "the log's utilization less 0.05"}
                    if lower and graph else None)

@@ -28,6 +28,8 @@ _NAN = (r"['\"]?(?:train_)?(?:loss|grad_norm|avr_loss|train_loss|eval_loss)['\"]
         r"\bloss (?:is|became|=) ?(?:nan|inf)\b|returned nan values in its \d+\w* output|"
         r"grad_norm\s+is\s+nan|grad_norm.{0,60}\bnan\b|(?:adapter|weights|loss) (?:is|are|became) (?:entirely |all )?NaN|\bNaN (?:loss|detected)|non-finite (?:loss|value)|"
         r"Loss is NaN|NaNs detected in the merged weights")
+_BF16_OLD_CARD = (r"Tesla T4|Tesla V100|\bT4\b|\bV100\b|P100|RTX 20\d0|GTX 1\d{3}|compute capability:? \(?[3-7]\.\d|"
+                  r"sm_[3-7]\d\b|Your setup doesn't support bf16|bf16.{0,40}(?:requires|only supported).{0,60}(?:Ampere|8\.0)")
 _HUGE_GRAD = r"grad_norm['\"]?\s*[:=]\s*([\d.]+e\+?\d+|\d{5,}(?:\.\d+)?)|grad_norm.{0,30}(\d(?:\.\d)?)\s*million"
 
 
@@ -41,6 +43,11 @@ def recognise_nan(log: Log, ctx: Context) -> list[Finding]:
     if fp16:
         causes.append(Cause("fp16 overflows (max 65504): activations or gradients become inf, then NaN; bf16 has "
                             "fp32's range", log.line_of(fp16)))
+    old_card = log.search(_BF16_OLD_CARD)
+    if old_card and log.has(r"bf16|bfloat16"):
+        causes.insert(0, Cause("bf16 on a card older than Ampere (compute capability < 8.0: T4, V100, RTX 20xx): "
+                               "it has no bf16 units, so bf16 runs emulated or falls back, and the loss goes NaN",
+                               log.line_of(old_card)))
     huge = log.search(_HUGE_GRAD)
     if huge:
         causes.append(Cause("the gradient norm exploded before the NaN: the learning rate is too high or gradients "
@@ -58,7 +65,13 @@ def recognise_nan(log: Log, ctx: Context) -> list[Finding]:
            "set bnb_4bit_compute_dtype=bfloat16), or fp32; lower the learning rate and clip gradients "
            "(max_grad_norm=1.0); mask padding with -100 and check no batch has every label masked; run the "
            "harness's NaN suite (pytest suites/nan) to find the first module that goes non-finite")
-    return [Finding("nan_loss", "the training loss or gradient norm became NaN/Inf", causes, fix + ".", score=60,
+    if old_card and log.has(r"bf16|bfloat16"):
+        fix = ("on this pre-Ampere card train in fp16 with loss scaling (--fp16, bnb_4bit_compute_dtype=float16) or "
+               "fp32, not bf16; " + fix)
+    # a NaN loss with bf16 on an old card is the NaN's cause, not a driver problem: it outranks the
+    # "bf16 needs Ampere" line the stack recogniser reads as driver_cuda_mismatch (75)
+    return [Finding("nan_loss", "the training loss or gradient norm became NaN/Inf", causes, fix + ".",
+                    score=78 if old_card and log.has(r"bf16|bfloat16") else 60,
                     position=m.end(), figures_from_log={"line": evidence})]
 
 

@@ -63,6 +63,14 @@ def _version(log: Log) -> str | None:
     return (m.group(1) or m.group(2)) if m else None
 
 
+def start_margin(ceiling: int) -> int:
+    """A --max-model-len under the logged ceiling that a second start still fits: 2 % less, rounded
+    down to a multiple of 256 (16 for short contexts). Threads that settled on a figure did likewise
+    (QwenLM/Qwen3#295: ceiling 7344, 7200 started; this gives 7168)."""
+    step = 256 if ceiling >= 4096 else 16
+    return max(step, int(ceiling * 0.98) // step * step) if ceiling > step else ceiling
+
+
 def recognise_kv(log: Log, ctx: Context) -> list[Finding]:
     m0, m1 = log.search(_KV_V0), log.search(_KV_V1)
     m = m0 or m1
@@ -81,8 +89,12 @@ def recognise_kv(log: Log, ctx: Context) -> list[Finding]:
     util = _setting(log, _UTIL)
     if util:
         figures["gpu_memory_utilization"] = util
+    safe = start_margin(largest)
     computed = {"max_model_len": largest,
-                "source": "the log: the KV cache holds that many tokens, so one request of that length fits"}
+                "source": "the log: the KV cache holds that many tokens, so one request of that length fits",
+                "max_model_len_to_start": safe,
+                "margin": "2 % under the log's ceiling, rounded down to a multiple of 256 (16 under 4096 tokens): "
+                          "the next start's profile run can leave slightly less KV cache than this one's"}
     gpu = planners.gpu_for(ctx)
     planned = planners.safe(planners.vllm_plan, ctx, gpu, util or 0.9, asked, _version(log))
     if planned:
@@ -93,8 +105,9 @@ def recognise_kv(log: Log, ctx: Context) -> list[Finding]:
     if asked >= 32768:
         causes.append(Cause(f"{asked} is the model's default context (max_position_embeddings), not a length "
                             f"you need: vLLM reserves room for one full-length request", evidence))
-    fix = (f"start with --max-model-len {largest} (or less): the largest length that fits at this utilization, "
-           f"read from the log")
+    fix = (f"start with --max-model-len {safe}: the KV cache holds {largest} tokens (--max-model-len {largest} is "
+           f"the ceiling at this utilization, read from the log) and {safe} leaves a 2 % margin for the next start's "
+           f"profile")
     if log.has(r"device_config=cpu|CPU backend|cpu_worker|VLLM_CPU_KVCACHE_SPACE"):
         fix += "; or give the CPU backend a larger KV cache (VLLM_CPU_KVCACHE_SPACE, in GiB)"
     elif asked > 1.5 * largest:
