@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
-from .vllm_kv_families import Platform, Unmodelled, layer_specs, model_layout  # noqa: F401 (Unmodelled re-exported)
+from .vllm_kv_families import DTYPE_BYTES, Platform, Unmodelled, layer_specs, model_layout, text_config  # noqa: F401 (Unmodelled re-exported)
 from .vllm_kv_layout import KvSizing, LayoutRefused, Scheduling, group_layers, largest_max_model_len, size
 
 
@@ -59,11 +59,14 @@ def plan_kv(config: dict, version: tuple[int, int, int], *, platform: Platform, 
     """Raises Unmodelled (a layer kind the rules do not cover), UsageError (a config vLLM cannot
     read, or a hybrid layout at a version without rules) or LayoutRefused (vLLM's own refusal)."""
     layout = model_layout(config)
+    ssm = None
+    if layout.family.startswith("qwen3_5"):  # Qwen3_5ForCausalLMConfig: the config's mamba_ssm_dtype
+        ssm = DTYPE_BYTES.get(str(text_config(config).get("mamba_ssm_dtype")))
     has_mamba = any(x.kind == "mamba" for x in layout.layers)
     mode = "align" if has_mamba and prefix_caching else "none"
     rules = rules_for(version)
     specs_probe = layer_specs(layout, act_dtype_bytes=act_dtype_bytes, kv_dtype_bytes=kv_dtype_bytes,
-                              platform=platform, mamba_cache_mode=mode)
+                              platform=platform, mamba_cache_mode=mode, ssm_dtype_bytes=ssm)
     values = list(specs_probe.values())
     hybrid = not values or any(v.kind != "full" for v in values) or len({v.page for v in values}) > 1
     if hybrid and rules is None:
@@ -73,7 +76,7 @@ def plan_kv(config: dict, version: tuple[int, int, int], *, platform: Platform, 
         layout.layers = [x if x.kind != "mamba" else type(x)(**{**x.__dict__, "extra_pages": 0})
                          for x in layout.layers]
     specs = layer_specs(layout, act_dtype_bytes=act_dtype_bytes, kv_dtype_bytes=kv_dtype_bytes,
-                        platform=platform, mamba_cache_mode=mode)
+                        platform=platform, mamba_cache_mode=mode, ssm_dtype_bytes=ssm)
     kv_layout = group_layers(specs)
     sched = Scheduling(max_model_len, max_concurrent_batches * max_num_batched_tokens, mode)
     sizing = size(kv_layout, available_bytes, sched)
