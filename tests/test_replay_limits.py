@@ -5,6 +5,7 @@ the one `estimate --replay` confirms setting by setting."""
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -131,7 +132,11 @@ def test_plan_train_replays_its_limits_and_estimate_replay_agrees(tiny_config):
     est = harness("estimate", "--config", str(tiny_config), *card, "--mode", "train", "--precision", "nf4-dq",
                   "--seq-len", f"{seq},{seq + 1}", "--replay", "--json")
     assert est.returncode == 0, est.stderr[-2000:]
-    assert [row["replay"]["fits"] for row in json.loads(est.stdout)] == [True, False]
+    rows = json.loads(est.stdout)
+    assert [row["replay"]["fits"] for row in rows] == [True, False]
+    assert [row["fits"] for row in rows] == [True, False]  # one answer: estimate's verdict is the replayed one
+    said = lambda text: text.split("replayed on torch's caching allocator: ")[1].split(" (the reserve rule")[0]  # noqa: E731
+    assert said(rows[1]["verdict"]) == said(nf4["reason"])  # the same figures, in the same words
     # the batch at 1024 tokens: the largest that fits, one more refused
     batch = nf4["max_batch"]
     est = harness("estimate", "--config", str(tiny_config), *card, "--mode", "train", "--precision", "nf4-dq",
@@ -181,10 +186,33 @@ def test_a_model_the_tracer_cannot_step_keeps_the_reserve_rule_with_the_reason()
     pytest.importorskip("peft")
     card = ["--config", "qwen3-30b-a3b", "--budget", "100GiB", "--precision", "nf4-dq"]  # its experts stay bf16
     r = harness("plan", *card, "--train", "--json")
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    # an unverified family (qwen3_moe) with no trace: refused, not answered by a dense stand-in
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     (plan,) = json.loads(r.stdout)["plans"]
-    assert plan["limits_from"] == "reserve rule" and plan["reason"].startswith("the weights fit")
+    assert plan["verdict"] == "unknown" and not plan["fits"] and plan["max_seq_len"] is None
+    assert plan["reason"].startswith("refused: the training step of this unverified family cannot be traced")
     assert plan["replay"]["error"].startswith("the step could not be traced: ValueError: ")
+    text = harness("plan", *card, "--train")
+    assert text.returncode == 1 and text.stdout.strip().splitlines()[-1].startswith("verdict: unknown: refused")
     est = harness("estimate", *card, "--mode", "train", "--seq-len", "256", "--replay", "--json")
     assert est.returncode == 0 and "Traceback" not in est.stderr
-    assert "could not be traced" in json.loads(est.stdout)[0]["replay"]["error"]
+    row = json.loads(est.stdout)[0]
+    assert "could not be traced" in row["replay"]["error"] and row["fit"] == "unknown" and not row["fits"]
+
+
+def test_a_length_made_from_three_traced_lengths_is_the_traced_one(tiny_config):
+    """plan --train traces three lengths and makes the others (replay_limits.synthesized_trace):
+    every allocation of a fourth length, byte for byte; a window between the lengths, or traces of
+    another batch, make nothing."""
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("peft")
+    from harness.memory.estimate import Query
+    from harness.memory.replay_limits import synthesized_trace
+    from harness.memory.step_trace import trace_training_step
+
+    recipe = Query("nf4-dq", "train", lora_r=8, lora_targets=("q_proj", "v_proj"))
+    traced = {s: trace_training_step(TINY, replace(recipe, seq_len=s)) for s in (100, 300, 700, 1000)}
+    made = synthesized_trace([(s, traced[s]) for s in (100, 300, 1000)], 700, None)
+    assert made is not None and made.events == traced[700].events and made.train_at == traced[700].train_at
+    assert synthesized_trace([(s, traced[s]) for s in (100, 300, 1000)], 700, 512) is None
+    assert synthesized_trace([(s, traced[s]) for s in (100, 300)], 700, None) is None

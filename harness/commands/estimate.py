@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise UsageError("--replay replays a training step on a card: give --budget and --mode train")
     note = E.check_lora_targets(shape, targets) if "train" in modes else None
-    results = []
+    results, replayers = [], {}
     for p in precisions:
         for m in modes:
             for s in (seqs if m != "weights" else seqs[:1]):
@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                     if budget is not None:
                         obj.update(_verdicts(est, m, budget, context))
                         if m == "train" and args.replay:
-                            obj["replay"] = _replay(args.config, shape, q, budget, context)
+                            obj["replay"] = _replay(args.config, shape, q, budget, context, replayers)
+                            _replayed_verdict(obj)
                     if args.explain:
                         obj["picture"] = [part.as_dict() for part in P.parts(est, shape, context)]
                         obj["picture_text"] = P.describe(est, shape, context, _config_name(args.config))
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         logits = bd.get("logits", 0) + bd.get("loss_logits", 0)
         other = bd.get("adapter_grads_optimizer", 0) + bd.get("loading_transient", 0)
         seq = "-" if r["mode"] == "weights" else str(r["seq_len"])
-        verdict = ("  " + {"fits": "yes", "tight": "tight"}.get(r["fit"], "no")) if budget is not None else ""
+        verdict = ("  " + {"fits": "yes", "tight": "tight", "unknown": "unknown"}.get(r["fit"], "no")) \
+            if budget is not None else ""
         print(f"{r['precision']:9s} {r['mode']:8s} {seq:>6s} {r['batch']:>5d} {format_bytes(r['peak_bytes']):>11s} "
               f"{format_bytes(r['card_bytes']):>11s} {format_bytes(bd['weights']):>11s} "
               f"{format_bytes(bd.get('kv_cache')):>11s} {format_bytes(bd.get('activations')):>11s} "
@@ -97,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         if "replay" in r:
             print(f"{r['precision']} train {r['seq_len']} x {r['batch']}: {replay_line(r['replay'])}")
+    if budget is not None:  # the verdicts last, in plan's words and figures (budget.fit_verdict)
+        for r in results:
+            seq = "" if r["mode"] == "weights" else f" {r['seq_len']} x {r['batch']}"
+            print(f"{r['precision']} {r['mode']}{seq}: {r['verdict']}")
     for r in results:
         if r.get("picture_text"):
             print()
@@ -125,8 +131,26 @@ def _verdicts(est, mode: str, budget: int, context: int) -> dict:
     return out
 
 
-def _replay(spec, shape, q, budget: int, context: int) -> dict:
-    """The step traced and torch's allocator replayed on it under budget - context, or why not."""
+def _replayed_verdict(obj: dict) -> None:
+    """With --replay the row's verdict is the replayed one, as plan --train's limits are (the
+    reserve rule's kept beside it); a step that could not be replayed keeps the reserve rule's."""
+    replay = obj["replay"]
+    if "error" in replay:
+        if not obj["verification"]["verified"]:  # no trace and no measurement: a dense stand-in's number
+            obj.update(fits=False, fit="unknown", verdict=f"unknown: refused: the training step of this unverified "
+                       f"family cannot be traced ({replay['error']}), and no GPU measurement backs its estimate")
+        else:
+            obj["verdict"] += f" (reserve rule: not replayed, {replay['error']})"
+        return
+    obj["reserve_rule_fits"] = obj["fits"]
+    obj["fits"] = replay["fits"]
+    obj["fit"] = "fits" if replay["fits"] else "does not fit"
+    obj["verdict"] = replay_line(replay)
+
+
+def _replay(spec, shape, q, budget: int, context: int, replayers: dict | None = None) -> dict:
+    """The step traced and torch's allocator replayed on it under budget - context, or why not
+    (one replayer per precision: its traces are shared by the rows)."""
     from ..errors import UnsupportedError
     from ..memory import estimate as E
     from ..memory.replay_limits import StepReplayer
@@ -137,8 +161,11 @@ def _replay(spec, shape, q, budget: int, context: int) -> dict:
         from ..memory.step_trace import REPLAY_MARGIN
 
         uncertainty = E.verification(shape.family, "train", shape.source, shape.traits)["uncertainty"]
-        replayer = StepReplayer(load_config(spec)[0], shape, q, budget, context, progress=say,
-                                margin=REPLAY_MARGIN + uncertainty)  # an unverified family's kept free too
+        replayers = {} if replayers is None else replayers
+        if q.precision not in replayers:
+            replayers[q.precision] = StepReplayer(load_config(spec)[0], shape, q, budget, context, progress=say,
+                                                  margin=REPLAY_MARGIN + uncertainty)  # an unverified family's too
+        replayer = replayers[q.precision]
         p = replayer.point(q.seq_len, q.batch)
     except UnsupportedError as exc:
         return {"error": str(exc)}
@@ -147,14 +174,11 @@ def _replay(spec, shape, q, budget: int, context: int) -> dict:
 
 
 def replay_line(replay: dict) -> str:
-    from ..units import format_bytes
+    from ..memory.replay_limits import point_text
 
     if "error" in replay:
         return f"not replayed: {replay['error']}"
-    margin = f" less {replay['margin']:.1%}" if replay["margin"] else ""
-    return (f"replayed on torch's caching allocator: {'fits' if replay['fits'] else 'does not fit'} "
-            f"under the {format_bytes(replay['cap_bytes'])} the card leaves{margin} "
-            f"(a bisection over the cap puts the traced steps' need at {format_bytes(replay['need_bytes'])})")
+    return point_text(replay["fits"], replay["need_bytes"], replay["cap_bytes"], replay["margin"])
 
 
 def _limit_note(config, seqs: list[int], modes: list[str], new_tokens: int) -> str | None:

@@ -288,7 +288,7 @@ def _train_advice(shape, plans, opts: SharedOptions, budget: int, context: int, 
         q = Query(p.precision, "train", seq_len=seq, batch=1, lora_r=opts.lora_r, lora_targets=tuple(opts.lora_targets),
                   grad_checkpointing=opts.grad_checkpointing, optimizer=opts.optimizer)
         out[p.precision] = train_advice(shape, q, budget, context, headroom,
-                                        p.max_seq_len or 0 if p.limits_from == "replay" else None)
+                                        p.max_seq_len or 0 if p.limits_from == "replay" else None, p.uncertainty)
     return out
 
 

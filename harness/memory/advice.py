@@ -85,7 +85,8 @@ def candidate_changes(shape, q: Query, ok, headroom: float, replayed_longest: in
     if replayed_longest is None:
         seq, how = _longest_fitting(shape, q, ok), ""
     else:
-        seq, how = min(replayed_longest, q.seq_len - 1), ", replayed on torch's caching allocator"
+        seq, how = min(replayed_longest, q.seq_len - 1), (", replayed on torch's caching allocator (the figure "
+                                                          "is the reserve rule's, which the replay overrules)")
     if seq is not None and seq >= MIN_SEQ:
         add(f"shorter context: {seq} tokens", _planned(shape, replace(q, seq_len=seq)),
             f"the longest that fits at batch {q.batch}{how}", True)
@@ -115,11 +116,12 @@ def candidate_changes(shape, q: Query, ok, headroom: float, replayed_longest: in
 
 
 def train_advice(shape, q: Query, budget_bytes: int, context_bytes: int, headroom: float,
-                 replayed_longest: int | None = None) -> TrainAdvice:
+                 replayed_longest: int | None = None, uncertainty: float = 0.0) -> TrainAdvice:
     """What the run `q` needs against the card, the parts that stop it, and the changes.
     replayed_longest: plan's replayed context limit at q.batch, which then decides whether q fits
     and how short its context must be (the other changes stay estimated)."""
-    ok = lambda planned: fits(planned, budget_bytes, context_bytes, headroom)  # noqa: E731
+    # an unverified family's uncertainty kept free, as plan's limits keep it (budget.fit_verdict)
+    ok = lambda planned: fits(planned * (1 + uncertainty), budget_bytes, context_bytes, headroom)  # noqa: E731
     est = estimate(shape, q)
     peak_parts = [p for p in parts(est, shape, 0) if p.component not in ("allocator reserve", "CUDA context")]
     top = sorted(peak_parts, key=lambda p: -p.bytes)[:3]

@@ -110,8 +110,8 @@ def fit_verdict(planned_bytes: int, budget_bytes: int, context_bytes: int, headr
 
 def tight_unverified_text(uncertainty: float, family: str) -> str:
     return (f"tight: unverified family ({family}: no GPU measurement backs it, and its estimate carries "
-            f"{uncertainty:.1%}, the generic path's worst under-prediction on the measured families; "
-            "it fits only inside that margin)").replace(".0%", "%")
+            f"{uncertainty:.1%}, the generic path's worst under-prediction on the measured families, "
+            "so it fits only inside that margin)").replace(".0%", "%")
 
 
 def default_headroom(mode: str) -> float:
