@@ -7,7 +7,7 @@ cache size: N tokens", "Maximum concurrency ... Xx") beside `plan --engine vllm`
 minute on this 2-core box: pass the families and versions you want.
 
     .venv/bin/python benchmarks/vllm_plan/cpu_family_startups.py --families gemma4,granite4h \
-        --versions 0.32.0,0.31.0 [--out benchmarks/vllm_plan/measured/cpu_family_startups.json]
+        --versions 0.32.0,0.31.0 [--out measurements/vllm_plan/cpu_family_startups.json]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from harness.memory.vllm_servers import server_kv_record  # noqa: E402
 from harness.memory.vllm_tiny import TINY_FAMILIES, build_tiny_family  # noqa: E402
 from harness.serving.launcher import launch_vllm  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "vllm_plan" / "measured" / "cpu_family_startups.json"
+OUT = ROOT / "measurements" / "vllm_plan" / "cpu_family_startups.json"
 FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "4"]
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 

@@ -4,7 +4,7 @@ and the max concurrency vLLM would log at 8192 tokens (or at that longest length
 
     .venv/bin/python benchmarks/vllm_plan/family_sweep.py [--version 0.32] [--out FILE]
 
-Writes benchmarks/vllm_plan/measured/family_sweep.json and prints the table.
+Writes measurements/vllm_plan/family_sweep.json and prints the table.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ MODELS = ["gemma-3-1b", "gemma-3-4b", "gemma-4-e2b", "gemma-4-e4b", "qwen3.5-0.8
           "qwen3.5-9b", "qwen3-next-80b-a3b", "gpt-oss-20b", "olmo-3-7b", "lfm2-1.2b", "granite-4.0-h-tiny"]
 CARDS = {"6 GB": "rtx-4050-6gb", "8 GB": "rtx-4060-8gb", "12 GB": "rtx-3060-12gb", "16 GB": "rtx-4060-ti-16gb",
          "24 GB": "rtx-4090-24gb"}
-OUT = ROOT / "benchmarks" / "vllm_plan" / "measured" / "family_sweep.json"
+OUT = ROOT / "measurements" / "vllm_plan" / "family_sweep.json"
 AT = 8192
 
 

@@ -36,7 +36,7 @@ LOGS = [
      "max_model_len": 131072, "max_num_batched_tokens": 8192, "kv_dtype_bytes": 1,
      "available_gib": 6.01, "logged_tokens": 569878, "logged_concurrency": 4.35},
 ]
-OUT = ROOT / "benchmarks" / "vllm_plan" / "measured" / "hybrid_public_logs.json"
+OUT = ROOT / "measurements" / "vllm_plan" / "hybrid_public_logs.json"
 
 
 def main() -> int:
