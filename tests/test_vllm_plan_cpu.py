@@ -33,3 +33,23 @@ def test_cpu_server_kv_tokens_and_concurrency_match_the_prediction_exactly(setti
     assert record["predicted_kv_cache_tokens"] == 1_024_000
     assert record["logged_kv_cache_tokens"] == record["predicted_kv_cache_tokens"], record
     assert record["logged_max_concurrency"] == record["predicted_max_concurrency"] == 1024.0, record
+
+
+# Two of this year's families started for real (the rest: benchmarks/vllm_plan/cpu_family_startups.py,
+# and every family against vLLM's own sizing code in tests/test_vllm_plan_layouts.py): Gemma-4 with
+# 5:1 sliding layers and KV sharing (the dense arithmetic promised 1.6x its requests), and
+# Granite-4.0-H's Mamba-2 + attention (the 0.31 -> 0.32 delta).
+@pytest.mark.parametrize("family", ["gemma4-shared", "granite4h"])
+def test_hybrid_families_start_with_the_planned_kv_tokens(settings, tmp_path_factory, family):
+    from harness.memory.vllm_tiny import build_tiny_family
+
+    if settings.vllm_python is None:
+        pytest.skip("no vLLM interpreter (--vllm-python / HARNESS_VLLM_PYTHON, or .venvs/vllm-*)")
+    model_dir = build_tiny_family(family, tmp_path_factory.mktemp("families") / family)
+    flags = ["--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "4"]
+    with launch_vllm(settings.vllm_python, model_dir, flags, env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+                     log_dir=tmp_path_factory.mktemp("logs"), startup_timeout_s=600) as server:
+        record = server_kv_record(family, server, model_dir)
+    assert record["device"] == "cpu" and record["logged_kv_cache_tokens"], record
+    assert record["predicted_kv_cache_tokens"] == record["logged_kv_cache_tokens"], record
+    assert record["predicted_max_concurrency"] == record["logged_max_concurrency"], record
