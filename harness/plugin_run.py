@@ -67,6 +67,14 @@ def suite_name(config) -> str:
     return "all" if len(names) > 2 or "all" in names else "+".join(sorted(names))
 
 
+def gpu_asked(settings: Settings) -> str | None:
+    """The option by which the user asked for a GPU (--expect-gpu, --device cuda[:N]), or None:
+    then a missing GPU is a failure, never a skip."""
+    if settings.expect_gpu:
+        return "--expect-gpu"
+    return f"--device {settings.device}" if settings.device.startswith("cuda") else None
+
+
 def marker_verdict(names: set[str], settings: Settings, environment) -> tuple[str, str] | None:
     """('skip' | 'fail', reason) for a test with these markers on this machine, or None to run."""
     if names & {"gpu", "multi_gpu"}:
@@ -74,7 +82,8 @@ def marker_verdict(names: set[str], settings: Settings, environment) -> tuple[st
         if settings.device == "cpu":
             return "skip", "--device cpu"
         if readiness.state == "absent":
-            return ("fail", f"--expect-gpu: {readiness.reason}") if settings.expect_gpu else ("skip", readiness.reason)
+            asked = gpu_asked(settings)
+            return ("fail", f"{asked}: {readiness.reason}") if asked else ("skip", readiness.reason)
         if readiness.state == "broken":
             return "fail", f"GPU present but unusable: {readiness.reason}"
         if "multi_gpu" in names and environment.torch.device_count < 2:

@@ -43,3 +43,28 @@ def test_a_model_the_suites_pick_themselves_is_not_asked_for(without_smollm2_whe
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env=without_smollm2_wheel)
     assert proc.stdout.split() == ["None", "None", "True"], proc.stderr
+
+
+GPU_TEST = """
+import pytest
+
+@pytest.mark.gpu
+def test_needs_gpu():
+    pass
+"""
+
+
+def _driver_here() -> bool:
+    from harness import env as env_mod
+
+    return env_mod.probe_nvml().available or any(os.path.exists(p) for p in env_mod.DRIVER_FILES)
+
+
+@pytest.mark.skipif(_driver_here(), reason="this machine has an NVIDIA driver")
+@pytest.mark.parametrize("asked", [["--device", "cuda"], ["--expect-gpu"]])
+def test_gpu_asked_for_on_a_box_without_one_fails_never_skips(pytester, asked):
+    pytester.makepyfile(test_gpu=GPU_TEST)
+    result = pytester.runpytest_subprocess("-p", "harness.plugin", "-p", "no:cacheprovider", *asked)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*{' '.join(asked)}: no NVIDIA driver found*"])

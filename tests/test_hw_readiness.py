@@ -79,7 +79,8 @@ def test_card_on_the_bus_without_driver_is_broken_not_absent_and_the_driver_chec
     environment.pci_gpus = []
     assert env_mod.gpu_readiness(environment).state == "absent"
     assert compat.check_driver(None, None, 0, environment.nvml.reason, [], []).verdict == "skip"
-    assert compat.check_driver(None, None, 0, environment.nvml.reason, [], [], expect_gpu=True).verdict == "fail"
+    asked = compat.check_driver(None, None, 0, environment.nvml.reason, [], [], gpu_asked="--device cuda")
+    assert asked.verdict == "fail" and asked.value.startswith("--device cuda: CPU-only")
 
 
 def test_verdict_agrees_with_outcomes():

@@ -54,10 +54,11 @@ def wheel_for_driver(cuda: tuple[int, int] | None) -> str:
 
 def check_driver(driver_version: str | None, cuda_driver_version: int | None, gpu_count: int,
                  nvml_reason: str | None = None, driver_evidence: list[str] | None = None,
-                 pci_gpus: list[PciGpu] | None = None, expect_gpu: bool = False) -> CheckResult:
+                 pci_gpus: list[PciGpu] | None = None, gpu_asked: str | None = None) -> CheckResult:
     """The NVIDIA driver answers through NVML, with its version and max CUDA version. With no driver:
-    an NVIDIA GPU on the PCI bus (`pci_gpus`, None when the bus could not be read) or --expect-gpu
-    makes it a failure; only a box with neither is a skip (CPU-only)."""
+    an NVIDIA GPU on the PCI bus (`pci_gpus`, None when the bus could not be read) or a GPU asked for
+    (`gpu_asked`: the option, --expect-gpu or --device cuda) makes it a failure; only a box with
+    neither is a skip (CPU-only)."""
     expectation = "an NVIDIA driver that NVML can talk to, >= 525 (CUDA 12) or >= 580 (CUDA 13)"
     if driver_version is None:
         detail = re.sub(r"^no NVIDIA driver found \((.*)\)$", r"\1", nvml_reason or "NVML did not answer")
@@ -75,8 +76,8 @@ def check_driver(driver_version: str | None, cuda_driver_version: int | None, gp
             value = f"CPU-only: no NVIDIA device on the PCI bus and no NVIDIA driver ({detail})"
         else:
             value = f"no NVIDIA driver found ({detail}; the PCI bus could not be read)"
-        if expect_gpu:
-            return CheckResult("driver", "fail", f"--expect-gpu: {value}", expectation,
+        if gpu_asked:
+            return CheckResult("driver", "fail", f"{gpu_asked}: {value}", expectation,
                                "run on the GPU machine, or check that the card is seated and powered and shows in "
                                "`lspci -nn | grep -i nvidia`")
         return CheckResult("driver", "skip", value, expectation)

@@ -36,9 +36,11 @@ def _run(config):
 def _root_cause_named(run) -> bool:
     """No usable GPU, and a check of this suite will fail saying why: a driverless card on the PCI
     bus or driver files NVML cannot use (driver), a driver torch cannot use (torch_cuda_build), or
-    --expect-gpu on a box without one (driver)."""
+    a GPU asked for (--expect-gpu, --device cuda) on a box without one (driver)."""
+    from harness.plugin_run import gpu_asked
+
     readiness = env_mod.gpu_readiness(run.environment)
-    return readiness.state == "broken" or (readiness.state == "absent" and run.settings.expect_gpu)
+    return readiness.state == "broken" or (readiness.state == "absent" and gpu_asked(run.settings) is not None)
 
 
 def _not_run(run) -> str:

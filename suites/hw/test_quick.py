@@ -15,10 +15,13 @@ from harness.hw.result import combine
 # ---- driver and torch's CUDA build (run whenever a driver is installed) -----------------------
 
 def test_driver(harness_env, settings, verdict):
-    """Fails (never skips) when an NVIDIA GPU is on the PCI bus without a usable driver, or with --expect-gpu."""
+    """Fails (never skips) when an NVIDIA GPU is on the PCI bus without a usable driver, or when a GPU
+    was asked for (--expect-gpu, --device cuda)."""
+    from harness.plugin_run import gpu_asked
+
     n = harness_env.nvml
     verdict(compat.check_driver(n.driver_version, n.cuda_driver_version, len(n.gpus), n.reason,
-                                harness_env.driver_evidence, harness_env.pci_gpus, settings.expect_gpu))
+                                harness_env.driver_evidence, harness_env.pci_gpus, gpu_asked(settings)))
 
 
 def test_driver_cuda_compat(harness_env, driver, verdict):
