@@ -168,3 +168,19 @@ def test_config_values_nested_and_generation_config():
     assert got == {("config.non_finite", "config.json", "text_config.rope_parameters.rope_theta"),
                    ("config.out_of_range", "config.json", "layer_norm_eps"),
                    ("config.non_finite", "generation_config.json", "temperature")}
+
+
+def test_real_smollm2_as_a_hub_cache_snapshot_is_accepted(smollm2, tmp_path):
+    """SmolLM2-135M-Instruct laid out as huggingface_hub lays a download out (snapshots/<rev>/*
+    -> ../../blobs/<sha256>): its template renders, its weights sample finite, nothing escapes."""
+    import shutil
+
+    from modeldir_cases import _hf_cache
+
+    d = tmp_path / "smollm2"
+    shutil.copytree(smollm2, d, ignore=shutil.ignore_patterns("harness-recipe.json"))
+    _hf_cache(d)
+    snapshot = cache_snapshot(d)
+    assert os.readlink(snapshot / "model.safetensors").startswith("../../blobs/")
+    report = check_dir(snapshot)
+    assert report.ok and not report.findings, report.findings

@@ -186,6 +186,22 @@ MUTATIONS = [flip_bytes, truncate, extend, json_value, json_drop, header_bytes, 
              links, stray, template, merges]
 
 
+def _mutate(mutation, d: Path, rng: random.Random) -> str:
+    """A mutation that cannot apply (no file left, a file no longer text) is skipped, not a failure."""
+    try:
+        return mutation(d, rng)
+    except (IndexError, ValueError, OSError) as exc:
+        return f"{mutation.__name__} skipped ({type(exc).__name__})"
+
+
+def _write(out: Path, counts: dict, seed: int, slowest: float, started: float, failures: list) -> dict:
+    result = {**counts, "seed": seed, "slowest_s": round(slowest, 2), "wall_s": round(time.monotonic() - started, 1),
+              "load_average": os.getloadavg(), "failures": failures[:20]}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    return result
+
+
 def _alarm(signum, frame):
     raise Hang()
 
@@ -212,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             rng = random.Random(args.seed * 1_000_003 + i)
             d = work / f"m{i}"
             shutil.copytree(base, d, ignore=shutil.ignore_patterns("harness-recipe.json"))
-            applied = [rng.choice(MUTATIONS)(d, rng) for _ in range(rng.randint(1, 3))]
+            applied = [_mutate(rng.choice(MUTATIONS), d, rng) for _ in range(rng.randint(1, 3))]
             counts["dirs"] += 1
             t0 = time.monotonic()
             signal.setitimer(signal.ITIMER_REAL, args.hang_seconds)
@@ -234,12 +250,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(d, ignore_errors=True)
             if (i + 1) % 100 == 0:
                 print(f"[fuzz] {i + 1}/{args.n} {counts}", file=sys.stderr, flush=True)
+                _write(args.out, counts, args.seed, slowest, started, failures)  # a killed run keeps its figures
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = {**counts, "seed": args.seed, "slowest_s": round(slowest, 2),
-              "wall_s": round(time.monotonic() - started, 1), "load_average": os.getloadavg(), "failures": failures[:20]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    result = _write(args.out, counts, args.seed, slowest, started, failures)
     print(json.dumps({k: v for k, v in result.items() if k != "failures"}))
     return 0 if not (counts["tracebacks"] or counts["hangs"]) else 1
 

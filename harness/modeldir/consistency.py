@@ -156,13 +156,14 @@ def _torch_name(st_dtype: str) -> str:
 def tokenizer_size(tokenizer_json: dict) -> int | None:
     """1 + the largest id in tokenizer.json (model vocab and added tokens), without tokenizers."""
     ids: list[int] = []
-    model = tokenizer_json.get("model") or {}
-    vocab = model.get("vocab")
+    model = tokenizer_json.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, dict):
         ids += [v for v in vocab.values() if isinstance(v, int)]
     elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
         ids.append(len(vocab) - 1)
-    for token in tokenizer_json.get("added_tokens") or []:
+    added = tokenizer_json.get("added_tokens")
+    for token in added if isinstance(added, list) else []:
         if isinstance(token, dict) and isinstance(token.get("id"), int):
             ids.append(token["id"])
     return max(ids) + 1 if ids else None

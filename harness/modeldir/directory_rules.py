@@ -32,6 +32,8 @@ def check_directory(view: DirView, out: Collector, reads: dict, allow_remote_cod
                 refused.add(rel)
                 problem = _own_header_problem(view, rel)  # a more telling name: LFS pointer, truncated ...
                 code, message = (problem.code, problem.message) if problem else (code, message)
+            elif rel == "tokenizer.json" and not _json_parses(view, rel):
+                continue  # not JSON at all: the tokenizer check's own tokenizer.invalid says so
             out.add(code, rel, message)
     _broken_links(view, out)
     chat_templates.check_templates(view, out)
@@ -43,6 +45,14 @@ def check_directory(view: DirView, out: Collector, reads: dict, allow_remote_cod
                 continue  # reported as invalid by the check that owns the file
             config_values.check_values(rel, data, out)
     return refused
+
+
+def _json_parses(view: DirView, rel: str) -> bool:
+    try:
+        view.read_json(rel)
+        return True
+    except (ValueError, OSError, NotAFile, PathEscape):
+        return False
 
 
 def _own_header_problem(view: DirView, rel: str) -> HeaderProblem | None:
