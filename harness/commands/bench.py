@@ -106,7 +106,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--num-prompts", type=int, required=True, help="requests per run")
     parser.add_argument("--input-len", type=int, required=True, help="prompt tokens (exact with a tokenizer)")
     parser.add_argument("--output-len", type=int, required=True, help="output tokens (ignore_eos, min_tokens = max_tokens)")
-    parser.add_argument("--prefix-len", type=int, default=0, help="tokens of a prefix shared by every prompt")
+    parser.add_argument("--prefix-len", type=int, default=None,
+                        help="tokens of a prefix shared by every prompt (default 0; --dataset prefix: half of --input-len)")
+    from ..serving.datasets import DATASETS, help_text
+
+    parser.add_argument("--dataset", choices=tuple(DATASETS), default="fixed",
+                        help="built-in workload (nothing downloaded): " + help_text())
+    parser.add_argument("--random-range-ratio", type=float, default=None,
+                        help="--dataset random: lengths uniform within len x (1 +- ratio) (vLLM's flag, default 0); "
+                             "sharegpt-synthetic: the log-normal sigma (default 0.6)")
     parser.add_argument("--input-dist", choices=("fixed", "uniform", "normal"), default="fixed",
                         help="prompt lengths: all --input-len (default), or drawn around it (each still exact)")
     parser.add_argument("--output-dist", choices=("fixed", "uniform", "normal"), default="fixed",
@@ -160,8 +168,7 @@ def run(args) -> int:
     out = Path(args.out)
     check_writable(out, "--out", create_folders=True)  # before any request is sent
     workload = Workload(input_len=args.input_len, output_len=args.output_len, num_prompts=args.num_prompts,
-                        prefix_len=args.prefix_len, api=args.api, seed=args.seed, input_dist=args.input_dist,
-                        output_dist=args.output_dist, len_spread=args.len_spread)
+                        api=args.api, seed=args.seed, **_dataset_fields(args))
     cfg = BenchConfig(
         target=Target(base_url=endpoint, model=args.model, api=args.api, timeout_s=args.timeout),
         workload=workload,
@@ -190,6 +197,10 @@ def run(args) -> int:
     total = sum(r["requests_ok"] + r["requests_failed"] for r in data["runs"])
     disagree = [f for r in data["runs"] for f in r["token_accounting"]["findings"]]
     print(f"wrote {out}", file=sys.stderr)
+    if data["runs"]:  # the summary vllm bench serve users read, -q or not
+        from ..serving.summary import format_results
+
+        print(format_results(data), flush=True)
     if not data.get("valid", True):
         raise CheckFailed(f"invalid run, marked so in {out}: {data['invalid_reasons'][0]}")
     died = [f for r in data["runs"] for f in r.get("worker_failures") or ()]
@@ -204,4 +215,20 @@ def run(args) -> int:
         raise CheckFailed(f"{failed} of {total} requests failed ({detail}){failure_reason(data)}; results in {out}")
     if disagree:
         raise CheckFailed(f"token counts disagree: {disagree[0]}; results in {out}")
+    print(f"OK: {total} of {total} requests succeeded, prompts at the requested length, token counts agree; "
+          f"results in {out}", flush=True)
     return 0
+
+
+def _dataset_fields(args) -> dict:
+    """The workload's length distributions and prefix: --dataset's preset, or --input-dist & co."""
+    from ..serving.datasets import workload_fields
+
+    if args.dataset == "fixed":
+        if args.random_range_ratio is not None:
+            raise UsageError("--random-range-ratio goes with --dataset random or sharegpt-synthetic")
+        return {"prefix_len": args.prefix_len or 0, "input_dist": args.input_dist, "output_dist": args.output_dist,
+                "len_spread": args.len_spread}
+    if (args.input_dist, args.output_dist) != ("fixed", "fixed"):
+        raise UsageError(f"--dataset {args.dataset} sets the length distributions: leave out --input-dist/--output-dist")
+    return workload_fields(args.dataset, args.input_len, args.prefix_len, args.random_range_ratio)

@@ -282,14 +282,17 @@ async def build_specs(session: aiohttp.ClientSession, target: Target, workload: 
     for n_in, ks in sorted(by_input.items()):
         part = Workload(input_len=n_in, output_len=workload.output_len, num_prompts=len(ks),
                         prefix_len=workload.prefix_len, api=workload.api, seed=workload.seed * 100_003 + n_in)
-        for k, spec in zip(ks, await _fixed_specs(session, target, part, cal, tokenizer, concurrency)):
+        # the shared prefix drawn with the workload's own seed, so that every length shares it
+        specs_n = await _fixed_specs(session, target, part, cal, tokenizer, concurrency, prefix_seed=workload.seed)
+        for k, spec in zip(ks, specs_n):
             spec.output_tokens = plan[k][1]
             specs[k] = spec
     return specs  # type: ignore[return-value]
 
 
 async def _fixed_specs(session: aiohttp.ClientSession, target: Target, workload: Workload, cal: Calibration,
-                       tokenizer: PromptTokenizer | None, concurrency: int) -> list[RequestSpec]:
+                       tokenizer: PromptTokenizer | None, concurrency: int,
+                       prefix_seed: int | None = None) -> list[RequestSpec]:
     n, overhead = workload.input_len, cal.overhead
     if n - overhead < 1:
         what = "the chat template adds" if cal.api == "chat" else "the server adds"
@@ -305,7 +308,8 @@ async def _fixed_specs(session: aiohttp.ClientSession, target: Target, workload:
                                                   workload.num_prompts, workload.prefix_len, workload.seed)
         return token_prompts.completion_specs(cal.token_ids, cal.specials, n, workload.output_len,
                                               workload.num_prompts, workload.prefix_len, workload.seed)
-    prefix = [rng.choice(cal.words) for _ in range(max(0, workload.prefix_len - overhead))]
+    prefix_rng = rng if prefix_seed is None else random.Random(prefix_seed)
+    prefix = [prefix_rng.choice(cal.words) for _ in range(max(0, workload.prefix_len - overhead))]
     bodies = [prefix + [rng.choice(cal.words) for _ in range(n - overhead - len(prefix))]
               for _ in range(workload.num_prompts)]
     if not cal.exact:

@@ -7,6 +7,7 @@ adds when it tokenizes a completion prompt (e.g. a BOS), because that is what us
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass, asdict
@@ -29,6 +30,7 @@ class Workload:
     input_dist: str = "fixed"  # DISTRIBUTIONS: each prompt's length drawn around input_len
     output_dist: str = "fixed"
     len_spread: float = 0.25  # uniform: mean x (1 +- spread); normal: sd = mean x spread, within 2 sd
+    dataset: str = "fixed"  # the bench --dataset preset (datasets.py) these fields came from
 
     def __post_init__(self):
         if self.input_len < 1 or self.output_len < 1 or self.num_prompts < 1:
@@ -55,7 +57,8 @@ class Workload:
     def lengths(self) -> list[tuple[int, int]]:
         """(prompt tokens, output tokens) of each request, drawn with the workload's seed."""
         rng = random.Random(self.seed * 7919 + 17)
-        return [(_draw(rng, self.input_dist, self.input_len, self.len_spread),
+        floor = self.prefix_len + 4 if self.dataset == "sharegpt-synthetic" else 1  # room beside its system prefix
+        return [(max(floor, _draw(rng, self.input_dist, self.input_len, self.len_spread)),
                  _draw(rng, self.output_dist, self.output_len, self.len_spread)) for _ in range(self.num_prompts)]
 
     def to_json(self) -> dict:
@@ -63,11 +66,13 @@ class Workload:
         if not self.varied:  # files of fixed-length workloads keep the fields (and fingerprint) they had
             for key in ("input_dist", "output_dist", "len_spread"):
                 data.pop(key)
+        if self.dataset == "fixed":  # and the fingerprint of files written before --dataset
+            data.pop("dataset")
         data.update(ignore_eos=True, min_tokens=self.output_len, max_tokens=self.output_len)
         return data
 
 
-DISTRIBUTIONS = ("fixed", "uniform", "normal")
+DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
 
 
 def _draw(rng: random.Random, dist: str, mean: int, spread: float) -> int:
@@ -76,6 +81,8 @@ def _draw(rng: random.Random, dist: str, mean: int, spread: float) -> int:
     if dist == "normal":  # within two standard deviations, and 1 .. 2 x mean
         low, high = max(1, round(mean * (1 - 2 * spread))), min(2 * mean, round(mean * (1 + 2 * spread)))
         return min(high, max(low, round(rng.gauss(mean, mean * spread))))
+    if dist == "lognormal":  # long-tailed as chat logs are: median below the mean, within 1 .. 4 x mean
+        return min(4 * mean, max(1, round(mean * math.exp(rng.gauss(-spread * spread / 2, spread)))))
     return mean
 
 
