@@ -6,6 +6,8 @@ record it in measurements/manifest.json, e.g. after scripts/gpu/families.sh:
         --date 2026-12-06 --read-by tests/test_measurements.py
 
 The machine and versions come from the run's environment.json; the notes (.md) from its README.md.
+After a driver rewrote an entry's plain files on purpose, record their new sha256 (and say why in the
+commit): python scripts/pack_measurement.py --refresh vllm_plan/family_sweep [NAME ...]
 """
 
 from __future__ import annotations
@@ -21,7 +23,26 @@ sys.path.insert(0, str(ROOT))
 import measurements as M  # noqa: E402
 
 
+def refresh(names: list[str]) -> int:
+    """The sha256 of each plain file of the named entries, as the files are now."""
+    data = M.manifest()
+    by_name = {e["name"]: e for e in data["entries"]}
+    unknown = [n for n in names if n not in by_name or "files" not in by_name[n]]
+    if unknown:
+        print(f"error: no entry of plain files named {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    for name in names:
+        e = by_name[name]
+        e["files"] = {f: M.sha256(M.HERE / e["folder"] / f) for f in e["files"]}
+        print(f"{name}: {len(e['files'])} file(s) recorded")
+    M.MANIFEST.write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--refresh"]:
+        return refresh(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("directory", type=Path)
     ap.add_argument("name", help="the entry's name under measurements/, e.g. vram/families/run-20")

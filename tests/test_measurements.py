@@ -29,7 +29,8 @@ def test_entry_is_its_data_and_says_where_it_came_from(entry):
         assert M.sha256(M.path(entry["name"])) == entry["sha256"], f"{entry['name']}: the archive changed"
     else:
         changed = [f for f, digest in entry["files"].items() if M.sha256(M.folder(entry["name"]) / f) != digest]
-        assert not changed, f"{entry['name']}: changed since recorded: {changed}"
+        assert not changed, (f"{entry['name']}: changed since recorded: {changed} (rewritten on purpose? "
+                             f"python scripts/pack_measurement.py --refresh {entry['name']})")
     made = entry["produced_by"]
     assert made["script"] and made["date"], entry["name"]
     script = made["script"].split()[0]
