@@ -316,15 +316,20 @@ def main(argv=None) -> int:
             continue
         rows = block.pop("rows")
         mapped = sum(1 for r in rows if r["kind"])
+        raises = [r for r in rows if r["call"] == "raise"]
+        raise_mapped = sum(1 for r in raises if r["kind"])
         block.update(templates=len(rows), mapped=mapped,
                      mapped_share=round(mapped / len(rows), 3) if rows else None,
+                     raise_templates=len(raises), raise_mapped=raise_mapped,
+                     raise_mapped_share=round(raise_mapped / len(raises), 3) if raises else None,
                      kinds=dict(Counter(r["kind"] for r in rows if r["kind"]).most_common()))
         libraries.append(block)
         for r in rows:
             sites.append([block["library"], r["t"], r["file"], r["line"], r["exc"], r["call"], r["kind"], r["if"],
                           r.get("n", 1)])
         print(f"{library} {block['version']}: {block['files']} files, {len(rows)} templates, {mapped} mapped to a kind "
-              f"({block['mapped_share']:.0%})")
+              f"({block['mapped_share']:.0%}); raise sites {raise_mapped}/{len(raises)} "
+              f"({block['raise_mapped_share'] or 0:.0%})")
     out = {"schema": 1, "generated_by": "scripts/explain_catalog.py",
            "columns": ["library", "template", "file", "line", "exception", "call", "kind", "condition", "sites"],
            "wildcard": WILD, "libraries": libraries, "sites": sites}

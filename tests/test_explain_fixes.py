@@ -23,7 +23,7 @@ def test_start_margin_is_under_the_ceiling_by_about_2_percent(ceiling, expected)
 def test_kv_fix_gives_the_length_to_start_and_the_ceiling():
     result = explain(V0_KV)
     assert result.computed["max_model_len"] == 7344 and result.computed["max_model_len_to_start"] == 7168
-    assert result.fix.startswith("start with --max-model-len 7168:") and "--max-model-len 7344 is the ceiling" in result.fix
+    assert result.fix.startswith("start with --max-model-len 7168:") and "--max-model-len 7344 is the log's ceiling" in result.fix
 
 
 PROFILE_OOM = ('  File "vllm/v1/worker/gpu_model_runner.py", line 2000, in profile_run\n'

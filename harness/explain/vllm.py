@@ -106,8 +106,7 @@ def recognise_kv(log: Log, ctx: Context) -> list[Finding]:
         causes.append(Cause(f"{asked} is the model's default context (max_position_embeddings), not a length "
                             f"you need: vLLM reserves room for one full-length request", evidence))
     fix = (f"start with --max-model-len {safe}: the KV cache holds {largest} tokens (--max-model-len {largest} is "
-           f"the ceiling at this utilization, read from the log) and {safe} leaves a 2 % margin for the next start's "
-           f"profile")
+           f"the log's ceiling) and {safe} leaves 2 % for the next start's profile")
     if log.has(r"device_config=cpu|CPU backend|cpu_worker|VLLM_CPU_KVCACHE_SPACE"):
         fix += "; or give the CPU backend a larger KV cache (VLLM_CPU_KVCACHE_SPACE, in GiB)"
     elif asked > 1.5 * largest:
