@@ -10,7 +10,6 @@ HTML report and a JSON results file under reports/.
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 from pathlib import Path
@@ -152,14 +151,12 @@ def record_of(report) -> dict:
 # entry (an empty page would replace the last real run's).
 NO_RUN_OPTIONS = {"collectonly": "--collect-only", "setupplan": "--setup-plan", "help": "--help", "version": "--version",
                   "showfixtures": "--fixtures", "show_fixtures_per_test": "--fixtures-per-test", "markers": "--markers"}
-# scripts/test names a file here; the run writes its report's paths into it (HTML, then JSON), so the
-# script's last line names the files this run wrote (--report-dir, HARNESS_REPORT_DIR included).
-REPORT_PATH_FILE_ENV = "HARNESS_REPORT_PATH_FILE"
 
 
 def runs_no_test(config) -> str | None:
-    """The option (as typed) that makes this pytest run no test, or None."""
-    return next((flag for name, flag in NO_RUN_OPTIONS.items() if getattr(config.option, name, False)), None)
+    """Why this pytest runs no test ('--collect-only: no test ran'), or None."""
+    flag = next((flag for name, flag in NO_RUN_OPTIONS.items() if getattr(config.option, name, False)), None)
+    return f"{flag}: no test ran" if flag else None
 
 
 class HarnessRun:
@@ -170,9 +167,7 @@ class HarnessRun:
         self.settings = settings
         self.environment = environment
         self.html_fragments: list[tuple[str, str]] = []
-        self.no_report = runs_no_test(config)  # the option that runs no test: nothing is written
-        # taken out of the environment: a pytest this run starts (pytester, a suite's subprocess) is not the run
-        self.report_path_file = os.environ.pop(REPORT_PATH_FILE_ENV, None)
+        self.no_report = runs_no_test(config)  # why this run writes nothing (it runs no test), or None
         suite, stamp = suite_name(config), time.strftime("%Y%m%d-%H%M%S")
         if not self.no_report:
             settings.report_dir.mkdir(parents=True, exist_ok=True)
@@ -275,6 +270,12 @@ class HarnessRun:
         results = self.results
         if self.no_report:
             return
+        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and not results.tests:
+            # nothing selected (scripts/test's `-m alone` run beside a -k): its empty page would
+            # replace the last real run's latest.html; the results JSON written at the start goes too
+            self.no_report = "no test selected"
+            results.path.unlink(missing_ok=True)
+            return
         if hasattr(self.config, "workerinput"):  # an xdist worker: the controller writes the report
             results.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
             return
@@ -291,12 +292,10 @@ class HarnessRun:
         for rel, _title in produced:
             pages.add_backlink(report_dir / rel, report_dir / results.html_path, f"{results.suite} run report")
         index.write(report_dir)
-        if self.report_path_file:
-            atomic.write_text(self.report_path_file, f"{report_dir / results.html_path}\n{results.path}\n")
 
     def pytest_terminal_summary(self, terminalreporter, config):
         if self.no_report:
-            terminalreporter.write_line(f"harness: no report written ({self.no_report}: no test ran)")
+            terminalreporter.write_line(f"harness: no report written ({self.no_report})")
         elif not hasattr(config, "workerinput"):
             path = self.results.path
             terminalreporter.write_line(f"harness: report: {path.with_suffix('.html')} "

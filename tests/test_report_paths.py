@@ -43,33 +43,52 @@ def _script(root: Path, *args, **env) -> subprocess.CompletedProcess:
                           cwd=root, capture_output=True, text=True, timeout=300, env=environ)
 
 
+def _reports_line(done) -> list[Path]:
+    """The paths on scripts/test's 'Reports:' line (just above its verdict line)."""
+    line = next(l for l in reversed(done.stdout.splitlines()) if l.startswith("Reports: "))
+    return [Path(p) for p in line.removeprefix("Reports: ").split()]
+
+
 def test_scripts_test_names_the_report_written_under_report_dir(script_root, tmp_path):
-    """Before: 'Report: <repo>/reports/latest.html' whatever --report-dir said (an older file)."""
+    """Before: 'Report: <repo>/reports/latest.html' whatever --report-dir said (an older file). The
+    second (`-m alone`) run selects nothing here and writes no report, so one path is named."""
     out = tmp_path / "elsewhere"
     done = _script(script_root, "--report-dir", str(out))
     assert done.returncode == 0, done.stdout[-2000:]
-    last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith(f"Report: {out}/") and last.endswith(".json)"), last
-    html = Path(last.removeprefix("Report: ").split(" (JSON: ")[0])
-    json_path = Path(last.split(" (JSON: ")[1].removesuffix(")"))
-    assert html.is_file() and json_path.is_file() and html.parent == out
+    (html,) = _reports_line(done)
+    assert html.parent == out and html.suffix == ".html" and html.is_file()
+    assert html.with_suffix(".json").is_file()
+    assert (out / "latest.html").read_text() == html.read_text()  # not an empty page of the second run
     assert not (script_root / "reports").exists()
 
 
 def test_scripts_test_follows_harness_report_dir(script_root, tmp_path):
     out = tmp_path / "from-env"
     done = _script(script_root, HARNESS_REPORT_DIR=str(out))
-    last = done.stdout.strip().splitlines()[-1]
-    assert done.returncode == 0 and last.startswith(f"Report: {out}/"), last
-    assert Path(last.removeprefix("Report: ").split(" (JSON: ")[0]).is_file()
+    assert done.returncode == 0
+    (html,) = _reports_line(done)
+    assert html.parent == out and html.is_file()
 
 
 def test_scripts_test_says_when_no_report_was_written(script_root, tmp_path):
     out = tmp_path / "never"
     done = _script(script_root, "--collect-only", "--report-dir", str(out))
-    assert done.returncode == 0
-    assert done.stdout.strip().splitlines()[-1].startswith("Report: none written"), done.stdout[-500:]
+    line = next(l for l in reversed(done.stdout.splitlines()) if l.startswith("Reports: "))
+    assert line == "Reports: none written (no test ran)", done.stdout[-500:]
     assert not out.exists()
+
+
+def test_a_run_that_selects_no_test_writes_nothing(pytester):
+    """scripts/test's `-m alone` run with nothing selected would otherwise replace latest.html
+    with an empty page; its results JSON (written at the start) is removed too."""
+    pytester.makepyfile(test_x="def test_x(): pass")
+    out = pytester.path / "reports"
+    out.mkdir()
+    (out / "latest.html").write_text("the last real run")
+    result = run(pytester, "-k", "no_such_test", "--report-dir", str(out))
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert sorted(p.name for p in out.iterdir()) == ["latest.html"]
+    assert any("harness: no report written (no test selected)" in line for line in result.outlines)
 
 
 @pytest.mark.parametrize("option", ["--collect-only", "--setup-plan", "--fixtures", "--markers"])
