@@ -184,3 +184,10 @@ def test_real_smollm2_as_a_hub_cache_snapshot_is_accepted(smollm2, tmp_path):
     assert os.readlink(snapshot / "model.safetensors").startswith("../../blobs/")
     report = check_dir(snapshot)
     assert report.ok and not report.findings, report.findings
+
+
+def test_processor_config_template_is_rendered_too(tiny_model_dir, tmp_path):
+    d = build_case(next(c for c in CASES if c.name == "benign_config_eps"), tiny_model_dir, tmp_path)
+    (d / "processor_config.json").write_text(json.dumps({"chat_template": "{{ ''.__class__.__mro__ }}"}))
+    report = check_dir(d)
+    assert [f.path for f in report.errors if f.code == "chat_template.unsafe"][:1] == ["processor_config.json"]

@@ -194,8 +194,8 @@ def _mutate(mutation, d: Path, rng: random.Random) -> str:
         return f"{mutation.__name__} skipped ({type(exc).__name__})"
 
 
-def _write(out: Path, counts: dict, seed: int, slowest: float, started: float, failures: list) -> dict:
-    result = {**counts, "seed": seed, "slowest_s": round(slowest, 2), "wall_s": round(time.monotonic() - started, 1),
+def _write(out: Path, counts: dict, seed: int, slowest: dict | None, started: float, failures: list) -> dict:
+    result = {**counts, "seed": seed, "slowest": slowest, "wall_s": round(time.monotonic() - started, 1),
               "load_average": os.getloadavg(), "failures": failures[:20]}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="checkdir-fuzz-"))
     signal.signal(signal.SIGALRM, _alarm)
     counts = {"dirs": 0, "refused": 0, "ok": 0, "usage_error": 0, "tracebacks": 0, "hangs": 0}
-    failures, slowest, started = [], 0.0, time.monotonic()
+    failures, slowest, started, slowest_case = [], 0.0, time.monotonic(), None
     try:
         for i in range(args.n):
             rng = random.Random(args.seed * 1_000_003 + i)
@@ -246,14 +246,16 @@ def main(argv: list[str] | None = None) -> int:
                 failures.append({"i": i, "mutations": applied, "what": traceback.format_exc()[-1500:]})
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-            slowest = max(slowest, time.monotonic() - t0)
+            took = time.monotonic() - t0
+            if took > slowest:
+                slowest, slowest_case = took, {"i": i, "mutations": applied, "seconds": round(took, 2)}
             shutil.rmtree(d, ignore_errors=True)
             if (i + 1) % 100 == 0:
                 print(f"[fuzz] {i + 1}/{args.n} {counts}", file=sys.stderr, flush=True)
-                _write(args.out, counts, args.seed, slowest, started, failures)  # a killed run keeps its figures
+                _write(args.out, counts, args.seed, slowest_case, started, failures)  # a killed run keeps its figures
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = _write(args.out, counts, args.seed, slowest, started, failures)
+    result = _write(args.out, counts, args.seed, slowest_case, started, failures)
     print(json.dumps({k: v for k, v in result.items() if k != "failures"}))
     return 0 if not (counts["tracebacks"] or counts["hangs"]) else 1
 

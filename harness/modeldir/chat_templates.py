@@ -1,9 +1,9 @@
 """Chat templates, rendered the way transformers renders them, in the bounded reading child.
 
 Where they live (transformers 5 reads all of them): tokenizer_config.json's `chat_template` (a
-string, or a list of {name, template}), chat_template.jinja, chat_template.json
-({"chat_template": ...}) and additional_chat_templates/*.jinja. Each is compiled by transformers'
-own `_compile_jinja_template` (jinja2's ImmutableSandboxedEnvironment with trim_blocks,
+string, or a list of {name, template}), chat_template.jinja, chat_template.json and
+processor_config.json ({"chat_template": ...}), additional_chat_templates/*.jinja. Each is
+compiled by transformers' own `_compile_jinja_template` (jinja2's ImmutableSandboxedEnvironment with trim_blocks,
 lstrip_blocks, loopcontrols, the generation tracker, and its raise_exception / strftime_now /
 dict / namespace globals) and rendered on CONVERSATIONS with the tokenizer's special tokens, as
 `apply_chat_template` passes them, under RENDER_SECONDS, RENDER_MEMORY_BYTES and OUTPUT_CHARS.
@@ -56,9 +56,10 @@ def templates(view: DirView) -> tuple[dict[str, str], dict]:
             if isinstance(value, str):
                 specials[key] = value
         _add(found, "tokenizer_config.json", tok_config.get("chat_template"))
-    data = _json(view, "chat_template.json")
-    if isinstance(data, dict):
-        _add(found, "chat_template.json", data.get("chat_template"))
+    for rel in ("chat_template.json", "processor_config.json"):  # a processor's template lives in either
+        data = _json(view, rel)
+        if isinstance(data, dict):
+            _add(found, rel, data.get("chat_template"))
     for rel in sorted(view.entries):
         if rel == "chat_template.jinja" or (rel.startswith("additional_chat_templates/") and rel.endswith(".jinja")):
             text = _text(view, rel)
