@@ -122,6 +122,8 @@ def derived_max_len(config: dict) -> int:
             "max_seq_length", "seq_len")  # vLLM takes the smallest of those a config has
     found = [int(config[k]) for k in keys if isinstance(config.get(k), (int, float)) and config[k] > 0]
     base = min(found) if found else 4096
+    if "gemma3" in str(config.get("model_type") or ""):
+        return base  # vLLM: "Gemma3's max_model_len (128K) is already scaled by RoPE scaling"
     rope = config.get("rope_scaling") or {}
     kind = str(rope.get("rope_type") or rope.get("type") or "")
     factor = float(rope.get("factor") or 1)
