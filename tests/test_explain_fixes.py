@@ -56,3 +56,11 @@ def test_nan_from_bf16_on_a_t4_is_nan_loss_and_names_the_other():
     assert result.kind == "nan_loss" and "pre-Ampere" in result.fix and "fp16" in result.fix
     assert [a["kind"] for a in result.also] == ["driver_cuda_mismatch"]
     assert explain("{'loss': nan, 'grad_norm': nan, 'epoch': 0.1}\n--bf16 True").fix.startswith("train in bf16")
+
+
+def test_driver_message_without_its_version_asks_for_nvidia_smi_or_uses_it():
+    cut = explain("RuntimeError: The NVIDIA driver on your system is too old")
+    assert cut.kind == "driver_cuda_mismatch" and "CUDA Version" in cut.fix and cut.computed is None
+    smi = explain("RuntimeError: The NVIDIA driver on your system is too old\n"
+                  "| NVIDIA-SMI 470.82   Driver Version: 470.82   CUDA Version: 11.4 |")
+    assert smi.computed["torch_index"].endswith("/cu118") and "cu118" in smi.fix

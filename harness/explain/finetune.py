@@ -36,8 +36,11 @@ _MERGE_4BIT = (r"Cannot merge \w+ layers when the model is loaded in (?:4|8)-bit
                r"linear may get different generations|merge_and_unload.{0,80}(?:4-?bit|Params4bit|quantized)|"
                r"(?:4-?bit|quantized) (?:model|base).{0,60}merg\w*.{0,40}(?:not supported|cannot|error)")
 _UNEXPECTED = r"(\w*(?:Trainer|Config|Arguments))\.__init__\(\) got an unexpected keyword argument '(\w+)'"
-# Renamed or moved arguments: (argument) -> what the current releases take. Every entry is a rename
-# the libraries' release notes state; an argument not listed gets the general fix.
+# Renamed or moved arguments: (argument) -> what the current releases take. Checked against the
+# installed signatures (transformers 5.25.0: TrainingArguments has eval_strategy and no
+# evaluation_strategy, Trainer has processing_class and no tokenizer; trl 1.16.0: SFTConfig has
+# max_length, dataset_text_field and packing, no max_seq_length); an argument not listed gets the
+# general fix.
 RENAMED = {
     "tokenizer": "processing_class (transformers' Trainer from 4.46 and TRL's trainers from 0.12 renamed it; the "
                  "old name was removed later)",

@@ -69,6 +69,20 @@ def recognise_driver(log: Log, ctx: Context) -> list[Finding]:
         return [Finding("driver_cuda_mismatch", f"torch cannot use the GPU: the driver (CUDA {major}.{minor}) is too "
                         "old for this torch build", causes, fix + ".", score=85, position=m.end(),
                         figures_from_log={"found_version": int(m.group(1))}, computed=computed)]
+    m = log.search(r"NVIDIA driver on your system is too old|driver version is too old")
+    if m:  # the message cut before its version part: the index needs the driver's CUDA version
+        smi = log.search(_SMI_CUDA)
+        index = planners.torch_index_for_driver_cuda(int(smi.group(1)), int(smi.group(2))) if smi else None
+        fix = (f"install the torch build for the driver's CUDA {smi.group(1)}.{smi.group(2)} (pip install torch "
+               f"--index-url {index})" if index else
+               "add nvidia-smi's first lines (its 'CUDA Version: X.Y') to the text for the torch build this driver "
+               "runs") + (f", or update the NVIDIA driver (>= {MIN_DRIVER_FOR_CUDA[12]} runs CUDA 12 builds, >= "
+                          f"{MIN_DRIVER_FOR_CUDA[13]} CUDA 13) and reboot")
+        return [Finding("driver_cuda_mismatch", "torch cannot use the GPU: the driver is too old for this torch build",
+                        [Cause("the driver's CUDA is older than the one this torch was built for (the message's "
+                               "version part is not in the text)", log.line_of(m))], fix + ".", score=82,
+                        position=m.end(), computed={"torch_index": index, "source": "harness.hw.compat on the "
+                                                    "nvidia-smi CUDA version in the text"} if index else None)]
     m = log.search(_INSUFFICIENT)
     if m:
         return [Finding("driver_cuda_mismatch", "the CUDA runtime is newer than the driver",
