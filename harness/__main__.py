@@ -52,20 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Diagnostics and benchmarks for fine-tuning and serving LLMs on small GPUs.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser.json_switch = set()  # the commands whose --json is a switch (compare's names a file)
     for name, (_, help_text) in COMMANDS.items():
         module = _load(name)
-        module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command)
+        if any("--json" in a.option_strings and a.nargs == 0 for a in command._actions):  # noqa: SLF001
+            parser.json_switch.add(name)
     return parser
-
-
-def _json_switch(parser: argparse.ArgumentParser, command: str | None) -> bool:
-    """Whether `command` has a `--json` switch (compare's --json takes a file: not a switch)."""
-    if command is None:
-        return False
-    for action in parser._subparsers._group_actions[0].choices[command]._actions:  # noqa: SLF001
-        if "--json" in action.option_strings:
-            return action.nargs == 0
-    return False
 
 
 def error_object(command: str | None, exc: BaseException, message: str, exit_code: int) -> dict:
@@ -75,11 +69,12 @@ def error_object(command: str | None, exc: BaseException, message: str, exit_cod
 
 
 def _fail(command: str | None, exc: BaseException, message: str, exit_code: int, as_json: bool) -> int:
+    """One line on stderr (`harness <command>: error: ...`), the JSON object on stdout with --json."""
     prog = f"harness {command}" if command else "harness"
-    print(f"{prog}: {message}", file=sys.stderr)
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    print(f"{prog}: interrupted" if interrupted else f"{prog}: error: {message}", file=sys.stderr)
     if as_json:
-        text = message.removeprefix("error: ")
-        print(json.dumps(error_object(command, exc, text, exit_code)), flush=True)
+        print(json.dumps(error_object(command, exc, message, exit_code)), flush=True)
     return exit_code
 
 
@@ -90,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
-        return _fail(command, exc, f"error: {one_line(str(exc))}", 2,
-                     _json_switch(parser, command) and "--json" in argv)
+        return _fail(command, exc, one_line(str(exc)), 2, command in parser.json_switch and "--json" in argv)
     if args.command is None:
         parser.print_help()
         return 2
@@ -100,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except HarnessError as exc:
-        return _fail(args.command, exc, f"error: {one_line(str(exc))}", exc.exit_code, as_json)
+        return _fail(args.command, exc, one_line(str(exc)), exc.exit_code, as_json)
     except KeyboardInterrupt as exc:
         return _fail(args.command, exc, "interrupted", 130, as_json)
     except BrokenPipeError:  # `... | head`: the reader left; no traceback (the Python docs' recipe)
@@ -110,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         if exc.filename is None:  # not about a path the user gave: a bug to see whole
             raise
         # a file or folder that cannot be read or written (e.g. --out under a file): bad input
-        return _fail(args.command, exc, f"error: {one_line(os_error_line(exc))}", 2, as_json)
+        return _fail(args.command, exc, one_line(os_error_line(exc)), 2, as_json)
 
 
 if __name__ == "__main__":
