@@ -93,6 +93,11 @@ def test_every_json_command_prints_a_json_error_object(command, args):
     assert error["error"] == line.removeprefix(f"harness {command}: error: ")
 
 
+def test_every_command_with_a_json_switch_is_in_that_test():
+    """A command that gains --json joins JSON_COMMANDS (and so the test above) with a bad input."""
+    assert cli.build_parser().json_switch == {command for command, _ in JSON_COMMANDS}
+
+
 def test_usage_errors_of_argparse_have_the_harness_prefix():
     """Before: `python -m harness estimate: error: ...` from argparse, `harness estimate: error:` from the rest."""
     out = run_cli("estimate", "--no-such-option")
