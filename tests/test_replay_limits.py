@@ -216,3 +216,20 @@ def test_a_length_made_from_three_traced_lengths_is_the_traced_one(tiny_config):
     assert made is not None and made.events == traced[700].events and made.train_at == traced[700].train_at
     assert synthesized_trace([(s, traced[s]) for s in (100, 300, 1000)], 700, 512) is None
     assert synthesized_trace([(s, traced[s]) for s in (100, 300)], 700, None) is None
+
+
+def test_a_second_replay_takes_its_trace_from_the_cache(tiny_config, tmp_path):
+    """A trace does not depend on the card: at another budget the same setting is replayed from the
+    trace cache (harness.memory.trace_cache), with the verdict the fresh trace gives there."""
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("peft")
+    env = {**__import__("os").environ, "HARNESS_CACHE_DIR": str(tmp_path)}
+    args = [sys.executable, "-m", "harness", "estimate", "--config", str(tiny_config), "--mode", "train",
+            "--precision", "nf4-dq", "--seq-len", "512", "--replay", "--json"]
+    first = subprocess.run([*args, "--budget", "1400MiB"], capture_output=True, text=True, cwd=REPO, env=env)
+    assert first.returncode == 0 and "step 1/3" in first.stderr and list(tmp_path.glob("step-traces/*.json.gz"))
+    again = subprocess.run([*args, "--budget", "600MiB"], capture_output=True, text=True, cwd=REPO, env=env)
+    assert "step 1/3" not in again.stderr and "from the trace cache" in again.stderr
+    fresh = subprocess.run([*args, "--budget", "600MiB"], capture_output=True, text=True, cwd=REPO,
+                           env={**env, "HARNESS_CACHE_DIR": str(tmp_path / "cold")})
+    assert json.loads(again.stdout)[0]["replay"] == json.loads(fresh.stdout)[0]["replay"]

@@ -102,6 +102,18 @@ class StepReplayer:
             say(f"{'fits' if v.fits else 'does not fit'} (traced need {point.need_bytes / 2**30:.2f} GiB, made from "
                 f"{ANCHORS} traced lengths, {point.seconds:.0f} s)")
             return point
+        from . import trace_cache
+
+        cache_key = trace_cache.key(self.config, query, self.attention)
+        trace = trace_cache.load(cache_key)
+        if trace is not None:
+            self._traces[(seq_len, batch)] = trace
+            v = replay_verdict(trace, self.budget_bytes, self.context_bytes, self.margin)
+            point = ReplayPoint(seq_len, batch, v.fits, v.need_bytes, v.traced_peak_bytes,
+                                round(time.perf_counter() - t0, 1))
+            say(f"{'fits' if v.fits else 'does not fit'} (traced need {point.need_bytes / 2**30:.2f} GiB, from the "
+                f"trace cache, {point.seconds:.0f} s)")
+            return point
         try:
             with _quiet():
                 trace = trace_training_step(self.config, query, self.attention, progress=say)
@@ -113,6 +125,7 @@ class StepReplayer:
             raise UnsupportedError(f"the step could not be traced: {type(exc).__name__}: "
                                    f"{one_line(str(exc))[:300]}") from None
         self._traces[(seq_len, batch)] = trace
+        trace_cache.save(cache_key, trace)
         v = replay_verdict(trace, self.budget_bytes, self.context_bytes, self.margin)
         point = ReplayPoint(seq_len, batch, v.fits, v.need_bytes, v.traced_peak_bytes, round(time.perf_counter() - t0, 1))
         self._say(f"{seq_len} x {batch}: {'fits' if v.fits else 'does not fit'} (traced need "
