@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.explain import explain
-from harness.explain.model import KINDS
+from harness.explain import KINDS
 from harness.explain.text import normalise
 
 DATA = Path(__file__).parent / "data" / "explain"

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.explain import explain
+from harness.explain import KINDS, explain
 from harness.explain.catalog import DATA, load
-from harness.explain.kinds import all_kinds
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG = json.loads(DATA.read_text())
@@ -32,7 +31,7 @@ def test_the_catalog_records_its_versions_and_only_declared_kinds():
     assert {"vllm", "transformers", "peft", "torch", "bitsandbytes", "accelerate", "safetensors"} <= set(libraries)
     assert all(b["version"] and b["templates"] == sum(1 for r in CATALOG["sites"] if r[0] == b["library"])
                for b in libraries.values())
-    assert {r[6] for r in CATALOG["sites"]} - {None} <= set(all_kinds())
+    assert {r[6] for r in CATALOG["sites"]} - {None} <= set(KINDS)
 
 
 @pytest.mark.parametrize("library", ["peft", "safetensors", "bitsandbytes"])

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from harness.explain.model import KINDS
+from harness.explain import KINDS
 
 OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
        "4.00 GiB of which 2.35 GiB is free. Of the allocated memory 825.15 MiB is allocated by PyTorch, and 24.85 MiB "

@@ -12,7 +12,7 @@ colours, progress-bar carriage returns and the line prefixes vLLM, Ray, torchrun
 kernel log add. Text no recogniser knows is reported as not recognised, never guessed at.
 """
 
-from .core import explain, explain_short
+from .core import KINDS, explain, explain_short
 from .model import Cause, Explanation, Finding
 
-__all__ = ["explain", "explain_short", "Cause", "Explanation", "Finding"]
+__all__ = ["KINDS", "explain", "explain_short", "Cause", "Explanation", "Finding"]

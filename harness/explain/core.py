@@ -25,6 +25,9 @@ RECOGNISERS = (*vllm.RECOGNISERS, oom.recognise_cuda_oom, oom.recognise_host_oom
                *finetune.RECOGNISERS, *serving.RECOGNISERS, *multiproc.RECOGNISERS)
 
 
+KINDS = tuple(REGISTRY)  # every recogniser module is imported above, so every kind is declared
+
+
 def not_recognised() -> str:
     return (f"no known failure pattern in this text ({', '.join(k.title for k in REGISTRY.values())}); "
             "explain does not guess")

@@ -6,15 +6,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
-
-def __getattr__(name: str):
-    if name == "KINDS":  # the registry's kinds (harness.explain.kinds), read when asked: the recognisers declare them
-        from .kinds import all_kinds
-
-        return all_kinds()
-    raise AttributeError(name)
-
-
 @dataclass
 class Cause:
     cause: str
