@@ -185,3 +185,13 @@ def test_what_vllm_refuses_is_refused_in_one_line_exit_2(args, message):
     r = run_cli(*args, "--gpu-memory", "24GiB", "--max-model-len", "2048")
     assert r.returncode == 2, r
     assert message in r.stderr and r.stderr.strip().count("\n") == 0
+
+
+def test_a_sweep_over_cards_gives_each_cards_longest_context_and_concurrency():
+    r = run_cli("--config", "qwen3.5-2b", "--sweep", "--gpu-memory", "rtx-4050-6gb,rtx-4090", "--json")
+    assert r.returncode == 0, r.stderr
+    cards = json.loads(r.stdout)["cards"]
+    small, big = cards["rtx-4050-6gb"], cards["rtx-4090"]
+    assert small["verdict"] == big["verdict"] == "yes"
+    assert small["longest_max_model_len"] < big["longest_max_model_len"] == 262144  # the model's own limit
+    assert small["max_concurrency"] < big["max_concurrency"]

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.atomic import write_json  # noqa: E402
+from harness.commands.plan_vllm_cards import AT_TOKENS as AT, card_cell  # noqa: E402
 from harness.errors import UsageError  # noqa: E402
 from harness.memory.gpus import resolve_gpu  # noqa: E402
 from harness.memory.vllm_plan import VllmQuery, model_facts, plan  # noqa: E402
@@ -26,26 +27,14 @@ MODELS = ["gemma-3-1b", "gemma-3-4b", "gemma-4-e2b", "gemma-4-e4b", "qwen3.5-0.8
 CARDS = {"6 GB": "rtx-4050-6gb", "8 GB": "rtx-4060-8gb", "12 GB": "rtx-3060-12gb", "16 GB": "rtx-4060-ti-16gb",
          "24 GB": "rtx-4090-24gb"}
 OUT = ROOT / "measurements" / "vllm_plan" / "family_sweep.json"
-AT = 8192
 
 
 def cell(facts, gpu, version: str) -> dict:
-    limit = facts.max_len_limit or facts.max_position
-    q = VllmQuery(gpu=gpu, gpu_memory_utilization=0.9, max_model_len=limit, vllm_version=version)
+    q = VllmQuery(gpu=gpu, gpu_memory_utilization=0.9, max_model_len=AT, vllm_version=version)
     try:
-        full = plan(facts, q)
+        return card_cell(facts, q, plan)
     except UsageError as exc:
         return {"verdict": "refused", "reason": str(exc)}
-    if full.verdict == "unknown":
-        return {"verdict": "unknown", "reason": full.reason}
-    longest = limit if full.starts else full.largest_max_model_len
-    if not longest:
-        return {"verdict": "no", "reason": full.reason.split(";")[0]}
-    at = min(AT, longest)
-    p = plan(facts, VllmQuery(gpu=gpu, gpu_memory_utilization=0.9, max_model_len=at, vllm_version=version),
-             search=False)
-    return {"verdict": "yes", "longest_max_model_len": longest, "at": at, "max_concurrency": p.max_concurrency,
-            "kv_cache_tokens": p.kv_cache_tokens}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("vLLM (--engine vllm)")
     g.add_argument("--gpu-memory", metavar="SIZE|GPU_NAME",
                    help="total memory as CUDA reports it (14.74GiB) or a card: t4, l4, a10, rtx-3060-6gb, "
-                        "rtx-4060-8gb, a100-40gb, a100-80gb, h100, h200, ... (harness/memory/gpus.py)")
+                        "rtx-4060-8gb, a100-40gb, a100-80gb, h100, h200, ... (harness/memory/gpus.py); with "
+                        "--sweep a comma list of cards gives each one's longest context and concurrency")
     g.add_argument("--gpu-memory-utilization", type=float, metavar="U",
                    help=f"vLLM's share of the card (default {DEFAULT_UTILIZATION}, as vLLM's)")
     g.add_argument("--max-model-len", metavar="L[,L..]", help="context length; a comma list gives a sweep table")
@@ -186,6 +187,9 @@ def run(args: argparse.Namespace) -> int:
     side by side with the delta and its cause (plan_vllm_versions)."""
     from ..memory.vllm_plan import model_facts, plan
 
+    if args.sweep and args.gpu_memory and "," in args.gpu_memory:
+        from .plan_vllm_cards import run_cards
+        return run_cards(args, _queries, model_facts, plan)
     if args.vllm_version and "," in args.vllm_version:
         from .plan_vllm_versions import run_versions
         return run_versions(args, _queries, model_facts, plan)
