@@ -42,6 +42,8 @@ def test_docs_table_lists_exactly_the_registry():
      "processing_class"),
     ("TypeError: TrainingArguments.__init__() got an unexpected keyword argument 'evaluation_strategy'",
      "trainer_api", "eval_strategy"),
+    ('  File "/opt/conda/lib/python3.10/site-packages/pytorch_lightning/trainer/trainer.py", line 9\n'
+     "TypeError: Trainer.__init__() got an unexpected keyword argument 'gpus'", "trainer_api", "pip show lightning"),
     ("RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use "
      "the 'spawn' start method", "cuda_multiprocessing", "spawn"),
     ("WARNING 01-02 [system_utils.py:154] We must use the `spawn` multiprocessing start method. Overriding "

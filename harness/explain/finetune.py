@@ -94,7 +94,8 @@ def recognise_trainer_api(log: Log, ctx: Context) -> list[Finding]:
     fix = (f"use {renamed.split(' (')[0]} instead of {arg}" if renamed else
            f"look up the installed signature (python -c \"import inspect, trl, transformers; "
            f"print(inspect.signature(...{cls}))\") and pass {arg} under its current name or on the config class")
-    fix += "; or pin the trl/transformers versions the script was written for (pip show trl transformers)."
+    packages = "lightning" if log.has(r"lightning") else "trl transformers"
+    fix += f"; or pin the {packages.replace(' ', '/')} versions the script was written for (pip show {packages})."
     return [Finding("trainer_api", f"{cls} does not take {arg!r} in the installed release", [Cause(cause, log.line_of(m))],
                     fix, score=85, position=m.end(), figures_from_log={"class": cls, "argument": arg})]
 
