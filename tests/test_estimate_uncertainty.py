@@ -81,3 +81,5 @@ def test_weights_name_per_layer_embeddings_and_unquantized_experts():
     moe = estimate(model_shape("qwen3-30b-a3b"), Query("nf4-dq", "weights")).breakdown
     assert moe["weights_by_kind"]["experts_3d_unquantized"] == 48 * 128 * 3 * 2048 * 768 * 2  # bf16 at nf4-dq
     assert "bitsandbytes leaves them unquantized" in moe["weights_note"]
+    dense = estimate(model_shape("qwen3.5-2b"), Query("nf4-dq", "weights")).breakdown  # GDN's Conv1d: 3-D, no expert
+    assert "experts_3d_unquantized" not in dense["weights_by_kind"] and "weights_note" not in dense

@@ -229,7 +229,7 @@ def shape_from_safetensors(config: dict, directory: Path) -> ModelShape | None:
             elif len(dims) == 2 and name.endswith(".weight"):
                 tally.linear(name.rsplit(".", 1)[0], dims[1], dims[0])
             else:
-                if len(dims) == 3:  # fused MoE experts
+                if len(dims) == 3 and "expert" in name:  # fused MoE experts (not a Conv1d's 3-D weight)
                     tally.experts += info.numel
                 tally.other(info.numel, is_bias=name.endswith(".bias"))
     return tally.shape(base, "safetensors")
@@ -303,7 +303,8 @@ def shape_from_meta(config: dict) -> ModelShape:
             elif isinstance(module, Conv1D) and pname == "weight":  # GPT-2 style: weight is (in, out)
                 tally.linear(name, param.shape[0], param.shape[1])
             else:
-                if param.dim() == 3:  # fused MoE experts: a 3-D nn.Parameter, not an nn.Linear
+                # fused MoE experts: a 3-D nn.Parameter, not an nn.Linear (a Conv1d's weight is 3-D too)
+                if param.dim() == 3 and not isinstance(module, torch.nn.modules.conv._ConvNd):
                     tally.experts += numel
                 tally.other(numel, is_bias=pname == "bias")
     layout = layout_from_meta(model, str(config.get("model_type")))
