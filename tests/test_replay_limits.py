@@ -227,9 +227,24 @@ def test_a_second_replay_takes_its_trace_from_the_cache(tiny_config, tmp_path):
     args = [sys.executable, "-m", "harness", "estimate", "--config", str(tiny_config), "--mode", "train",
             "--precision", "nf4-dq", "--seq-len", "512", "--replay", "--json"]
     first = subprocess.run([*args, "--budget", "1400MiB"], capture_output=True, text=True, cwd=REPO, env=env)
-    assert first.returncode == 0 and "step 1/3" in first.stderr and list(tmp_path.glob("step-traces/*.json.gz"))
+    assert first.returncode == 0 and "step 1/3" in first.stderr and list(tmp_path.glob("step-traces/*/*.json.gz"))
     again = subprocess.run([*args, "--budget", "600MiB"], capture_output=True, text=True, cwd=REPO, env=env)
     assert "step 1/3" not in again.stderr and "from the trace cache" in again.stderr
     fresh = subprocess.run([*args, "--budget", "600MiB"], capture_output=True, text=True, cwd=REPO,
                            env={**env, "HARNESS_CACHE_DIR": str(tmp_path / "cold")})
     assert json.loads(again.stdout)[0]["replay"] == json.loads(fresh.stdout)[0]["replay"]
+
+
+def test_three_cached_lengths_make_a_new_one_without_tracing(tiny_config, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("peft")
+    env = {**__import__("os").environ, "HARNESS_CACHE_DIR": str(tmp_path)}
+    args = [sys.executable, "-m", "harness", "estimate", "--config", str(tiny_config), "--mode", "train",
+            "--precision", "nf4-dq", "--replay", "--json", "--budget", "1400MiB"]
+    first = subprocess.run([*args, "--seq-len", "256,512,1024"], capture_output=True, text=True, cwd=REPO, env=env)
+    assert first.returncode == 0 and first.stderr.count("step 1/3") == 3
+    made = subprocess.run([*args, "--seq-len", "700"], capture_output=True, text=True, cwd=REPO, env=env)
+    assert "step 1/3" not in made.stderr and "made from 3 traced lengths" in made.stderr
+    fresh = subprocess.run([*args, "--seq-len", "700"], capture_output=True, text=True, cwd=REPO,
+                           env={**env, "HARNESS_CACHE_DIR": str(tmp_path / "cold")})
+    assert json.loads(made.stdout)[0]["replay"] == json.loads(fresh.stdout)[0]["replay"]

@@ -23,8 +23,9 @@ RECIPES = {
     # docs/quickstart.md's QLoRA recipe
     "quickstart": ["--config", "qwen2.5-1.5b", "--budget", "6GiB", "--train", "--precision", "nf4-dq,bf16",
                    "--lora-targets", "q_proj,k_proj,v_proj,o_proj", "--lora-r", "16", "--optimizer", "paged_adamw_8bit"],
-    "7b": ["--config", "qwen2.5-7b", "--budget", "8GiB", "--train", "--precision", "nf4-dq",
-           "--lora-targets", "q_proj,k_proj,v_proj,o_proj", "--lora-r", "16", "--optimizer", "paged_adamw_8bit"],
+    # docs/vram.md's 7B figure: Mistral-7B attention-only r8
+    "7b": ["--config", "mistral-7b-v0.3", "--budget", "6GiB", "--train", "--precision", "nf4-dq,fp4-dq",
+           "--lora-targets", "q_proj,k_proj,v_proj,o_proj", "--lora-r", "8"],
 }
 RUN = ("import sys, harness.memory.replay_limits as R; R.ANCHORS = int(sys.argv[1]); "
        "from harness.__main__ import main; sys.exit(main(sys.argv[2:]))")

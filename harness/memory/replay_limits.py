@@ -77,6 +77,8 @@ class StepReplayer:
         self._traces: dict[tuple[int, int], object] = {}
         self.window = getattr(shape, "sliding_window", None)
         self.synthesized = 0
+        self._recipe_key: str | None = None  # trace_cache's folder of this recipe, read at the first point
+        self._cached: set[tuple[int, int]] = set()
 
     def points(self) -> list[ReplayPoint]:
         return list(self._points.values())
@@ -88,49 +90,60 @@ class StepReplayer:
         return self._points[key]
 
     def _trace(self, seq_len: int, batch: int) -> ReplayPoint:
+        from . import trace_cache
         from .step_trace import replay_verdict, trace_training_step
 
         t0 = time.perf_counter()
         query = replace(self.recipe, seq_len=seq_len, batch=batch)
         say = lambda msg: self._say(f"{seq_len} x {batch}: {msg}")  # noqa: E731
-        made = synthesized_trace([(s, t) for (s, b), t in self._traces.items() if b == batch], seq_len, self.window)
-        if made is not None:
-            self.synthesized += 1
-            v = replay_verdict(made, self.budget_bytes, self.context_bytes, self.margin)
-            point = ReplayPoint(seq_len, batch, v.fits, v.need_bytes, v.traced_peak_bytes,
-                                round(time.perf_counter() - t0, 1))
-            say(f"{'fits' if v.fits else 'does not fit'} (traced need {point.need_bytes / 2**30:.2f} GiB, made from "
-                f"{ANCHORS} traced lengths, {point.seconds:.0f} s)")
-            return point
-        from . import trace_cache
-
-        cache_key = trace_cache.key(self.config, query, self.attention)
-        trace = trace_cache.load(cache_key)
-        if trace is not None:
+        if self._recipe_key is None:
+            self._recipe_key = trace_cache.recipe_key(self.config, self.recipe, self.attention)
+            self._cached = set(trace_cache.settings(self._recipe_key))
+        how, trace = "", None
+        if (seq_len, batch) in self._cached:
+            trace, how = trace_cache.load(self._recipe_key, seq_len, batch), "from the trace cache"
+        if trace is None:
+            trace, how = self._made(seq_len, batch), f"made from {ANCHORS} traced lengths"
+            self.synthesized += trace is not None
+        if trace is None:
+            try:
+                with _quiet():
+                    trace = trace_training_step(self.config, query, self.attention, progress=say)
+            except ImportError as exc:
+                raise UnsupportedError(f"the replay needs transformers and peft: {exc}") from None
+            except UnsupportedError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a model the meta-device run cannot step: said, not raised
+                raise UnsupportedError(f"the step could not be traced: {type(exc).__name__}: "
+                                       f"{one_line(str(exc))[:300]}") from None
+            trace_cache.save(self._recipe_key, seq_len, batch, trace)
+            self._cached.add((seq_len, batch))
+            how = ""
+        if not how.startswith("made"):
             self._traces[(seq_len, batch)] = trace
-            v = replay_verdict(trace, self.budget_bytes, self.context_bytes, self.margin)
-            point = ReplayPoint(seq_len, batch, v.fits, v.need_bytes, v.traced_peak_bytes,
-                                round(time.perf_counter() - t0, 1))
-            say(f"{'fits' if v.fits else 'does not fit'} (traced need {point.need_bytes / 2**30:.2f} GiB, from the "
-                f"trace cache, {point.seconds:.0f} s)")
-            return point
-        try:
-            with _quiet():
-                trace = trace_training_step(self.config, query, self.attention, progress=say)
-        except ImportError as exc:
-            raise UnsupportedError(f"the replay needs transformers and peft: {exc}") from None
-        except UnsupportedError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a model the meta-device run cannot step: said, not raised
-            raise UnsupportedError(f"the step could not be traced: {type(exc).__name__}: "
-                                   f"{one_line(str(exc))[:300]}") from None
-        self._traces[(seq_len, batch)] = trace
-        trace_cache.save(cache_key, trace)
         v = replay_verdict(trace, self.budget_bytes, self.context_bytes, self.margin)
         point = ReplayPoint(seq_len, batch, v.fits, v.need_bytes, v.traced_peak_bytes, round(time.perf_counter() - t0, 1))
         self._say(f"{seq_len} x {batch}: {'fits' if v.fits else 'does not fit'} (traced need "
-                  f"{point.need_bytes / 2**30:.2f} GiB, {point.seconds:.0f} s)")
+                  f"{point.need_bytes / 2**30:.2f} GiB, {how + ', ' if how else ''}{point.seconds:.0f} s)")
         return point
+
+    def _made(self, seq_len: int, batch: int):
+        """The setting made from the ANCHORS nearest traced lengths at its batch (this run's or the
+        cache's), or None."""
+        from . import trace_cache
+
+        lengths = {s for s, b in set(self._traces) | self._cached if b == batch and s != seq_len}
+        nearest = sorted(lengths, key=lambda s: (abs(s - seq_len), s))[:ANCHORS]
+        if len(nearest) < ANCHORS:
+            return None
+        anchors = []
+        for s in nearest:
+            t = self._traces.get((s, batch)) or trace_cache.load(self._recipe_key, s, batch)
+            if t is None:
+                return None
+            self._traces[(s, batch)] = t
+            anchors.append((s, t))
+        return synthesized_trace(anchors, seq_len, self.window)
 
 
 # A step's allocations at one batch are the same ops at every sequence length (the meta device has

@@ -32,32 +32,43 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
-def key(config: dict, recipe, attention: str) -> str:
-    """The cache key of one traced setting (recipe: an estimate.Query with its seq_len and batch)."""
+def recipe_key(config: dict, recipe, attention: str) -> str:
+    """The cache folder of one recipe (recipe: an estimate.Query; its length and batch left out:
+    each traced setting is a file in the folder)."""
     what = {"format": FORMAT, "config": config, "attention": attention, "versions": _versions(),
-            "recipe": {k: getattr(recipe, k) for k in ("precision", "seq_len", "batch", "lora_r", "lora_targets",
-                                                       "grad_checkpointing", "optimizer")}}
+            "recipe": {k: getattr(recipe, k) for k in ("precision", "lora_r", "lora_targets", "grad_checkpointing",
+                                                       "optimizer")}}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=list).encode()).hexdigest()
 
 
-def _path(k: str) -> Path:
-    return default_cache_dir() / "step-traces" / f"{k}.json.gz"
+def _path(rk: str, seq_len: int, batch: int) -> Path:
+    return default_cache_dir() / "step-traces" / rk / f"{seq_len}x{batch}.json.gz"
 
 
-def load(k: str):
-    """The StepTrace stored under k, or None (absent or unreadable: traced again)."""
+def settings(rk: str) -> list[tuple[int, int]]:
+    """The (seq_len, batch) settings of the recipe traced before."""
+    out = []
+    for p in (default_cache_dir() / "step-traces" / rk).glob("*x*.json.gz"):
+        seq, _, batch = p.name.removesuffix(".json.gz").partition("x")
+        if seq.isdigit() and batch.isdigit():
+            out.append((int(seq), int(batch)))
+    return sorted(out)
+
+
+def load(rk: str, seq_len: int, batch: int):
+    """The StepTrace stored for that setting, or None (absent or unreadable: traced again)."""
     from .step_trace import StepTrace
 
     try:
-        data = json.loads(gzip.decompress(_path(k).read_bytes()))
+        data = json.loads(gzip.decompress(_path(rk, seq_len, batch).read_bytes()))
         return StepTrace([tuple(e) for e in data["events"]], int(data["train_at"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, EOFError):
         return None
 
 
-def save(k: str, trace) -> None:
+def save(rk: str, seq_len: int, batch: int, trace) -> None:
     """Stored atomically; a cache that cannot be written is skipped (the trace is still used)."""
-    path = _path(k)
+    path = _path(rk, seq_len, batch)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         blob = gzip.compress(json.dumps({"events": trace.events, "train_at": trace.train_at}).encode(), 3)
