@@ -54,6 +54,8 @@ def _clean(scan: PickleScan) -> bool:
 
 
 def _globals(scan: PickleScan, read: LoaderRead) -> None:
+    if not read.globals:
+        return  # no global to judge: torch's list (and its import) is not needed
     allow = with_loader_globals()
     for module, name, where in read.globals:
         full = f"{module}.{name}"

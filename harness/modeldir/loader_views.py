@@ -36,6 +36,7 @@ from .real_unpickle import StreamRead, read_bytes, read_stream
 TORCH_MAGIC = 0x1950A86A20F9469CFC6C
 TORCH_PROTOCOL = 1001
 MAX_RECORD_BYTES = 256 * 1024 * 1024  # a .pkl record or decompressed stream larger than this is not read
+ZIP_MAGIC = b"PK\x03\x04"  # torch.serialization._is_zipfile: the local header magic at offset 0
 COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x5d\x00\x00", b"\x78\x01", b"\x78\x5e", b"\x78\x9c",
                     b"\x78\xda", b"ZF")
 
@@ -206,13 +207,14 @@ def _disagree(a: StreamRead, b: StreamRead, where: str, out: LoaderRead) -> None
 # -- torch ---------------------------------------------------------------------------------------------
 
 def _torch(path: str, head: bytes, out: LoaderRead) -> None:
-    import torch
-    from torch.serialization import _is_zipfile
-
     with open(path, "rb") as fh:
-        if _is_zipfile(fh):
-            _torch_zip(path, fh, out, torch)
-            return
+        if head.startswith(ZIP_MAGIC):  # torch's _is_zipfile compares these 4 bytes; torch is imported only here
+            import torch
+            from torch.serialization import _is_zipfile
+
+            if _is_zipfile(fh):
+                _torch_zip(path, fh, out, torch)
+                return
         try:
             tarfile.open(fileobj=fh, mode="r:", format=tarfile.PAX_FORMAT).close()
             is_tar = True

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from .pickle_danger import judge
 from .pickle_sources import MAX_PICKLE_BYTES, FileScan, PickleSource, scan_file
 from .pickle_vm import PickleRun
-from .torch_rule import torch_allow_list, with_loader_globals
+from .torch_rule import LazyAllowList, torch_allow_list, with_loader_globals
 
 __all__ = ["MAX_PICKLE_BYTES", "PickleScan", "scan_pickle_file"]
 
@@ -57,14 +57,14 @@ class PickleScan:
 
 def scan_pickle_file(fh, size: int) -> PickleScan:
     """Scan an open binary file: which pickles its loader reads and whether torch's rule holds."""
-    allow = torch_allow_list()
+    allow = LazyAllowList()  # torch is imported only once a pickle reaches a global
     found = scan_file(fh, size, allow)
     if _breaches(found):
         wider = with_loader_globals()
-        if wider is not allow:
+        if wider is not torch_allow_list():
             allow = wider
             found = scan_file(fh, size, allow)
-    return _verdict(found, allow.source)
+    return _verdict(found, allow.source if found.kind is not None else "")
 
 
 def _breaches(found: FileScan) -> bool:

@@ -39,7 +39,7 @@ def read_all(files: list[tuple[str, str]], seconds: float = READ_SECONDS, memory
     """files: (absolute path, relative name). Returns rel -> LoaderRead (or what `reader(path, rel)`
     returns: it runs in the forked child), or ReadFailure. With progress, a line on stderr every
     2 s once reading takes longer than that."""
-    _preload()
+    _preload(files if reader is read_file else [])
 
     results: dict[str, LoaderRead | ReadFailure] = {}
     left = list(files)
@@ -52,16 +52,52 @@ def read_all(files: list[tuple[str, str]], seconds: float = READ_SECONDS, memory
     return results
 
 
-def _preload() -> None:
-    """Import the readers here, once: a child forked afterwards inherits them instead of paying."""
+def _preload(files: list[tuple[str, str]]) -> None:
+    """Import the readers here, once: a child forked afterwards inherits them instead of paying.
+    Only the readers the files' first bytes call for (_readers_for): torch (most of the cost) for a
+    zip, a binary pickle or a tar; a text file that turns out to be a pickle imports it in the child."""
     import importlib
 
-    for module in ("torch", "torch.serialization", "torch._weights_only_unpickler", "numpy", "safetensors",
-                   "joblib.numpy_pickle", "gguf", "tokenizers"):
+    wanted: set[str] = set()
+    for path, _rel in files:
+        wanted |= _readers_for(_head(path))
+    modules = ["numpy", "safetensors", "tokenizers"]
+    if "torch" in wanted:
+        modules += ["torch", "torch.serialization", "torch._weights_only_unpickler"]
+    modules += sorted(wanted - {"torch"})
+    for module in modules:
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - a missing reader fails closed in the child
             pass
+
+
+def _readers_for(head: bytes) -> set[str]:
+    from .loader_views import COMPRESSED_MAGIC
+
+    wanted = set()
+    if head.startswith((b"PK\x03\x04", b"\x80")) or head[257:262] == b"ustar":
+        wanted.add("torch")
+    if head.startswith(COMPRESSED_MAGIC):
+        wanted.add("joblib.numpy_pickle")
+    if head.startswith(b"GGUF"):
+        wanted.add("gguf")
+    return wanted
+
+
+def _head(path: str) -> bytes:
+    import stat
+
+    try:  # never blocks: a FIFO (or anything but a regular file) is not read here
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 512) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 class _Progress:

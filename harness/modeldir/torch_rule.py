@@ -51,6 +51,35 @@ def torch_allow_list() -> TorchAllowList:
                           f"torch {torch.__version__} weights-only allow-list ({len(names)} globals)")
 
 
+class LazyAllowList:
+    """torch's allow-list (or with_loader_globals' when wider=True), built on the first question:
+    a file on which no unpickler reaches a global (config.json, a safetensors file) imports no torch."""
+
+    def __init__(self, wider: bool = False) -> None:
+        self.wider = wider
+
+    def resolved(self) -> TorchAllowList:
+        return with_loader_globals() if self.wider else torch_allow_list()
+
+    def allowed(self, full_name: str) -> bool:
+        return self.resolved().allowed(full_name)
+
+    def buildable(self, full_name: str) -> bool:
+        return self.resolved().buildable(full_name)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return self.resolved().names
+
+    @property
+    def blocked_modules(self) -> frozenset[str]:
+        return self.resolved().blocked_modules
+
+    @property
+    def source(self) -> str:
+        return self.resolved().source
+
+
 @functools.lru_cache(maxsize=1)
 def with_loader_globals() -> TorchAllowList:
     """torch's list plus the globals transformers' Trainer allows when it reloads its checkpoints."""

@@ -35,8 +35,6 @@ def sample_weights(view: DirView, headers: dict[str, SafetensorsHeader], out: Co
 
 
 def _sample(fh, fd: int, header: SafetensorsHeader, info: TensorInfo):
-    import torch
-
     item = 2 if info.dtype in ("F16", "BF16") else 4 if info.dtype == "F32" else 8
     begin, end = header.data_start + info.begin, header.data_start + info.end
     if hole_from(fd, begin, end):
@@ -51,12 +49,22 @@ def _sample(fh, fd: int, header: SafetensorsHeader, info: TensorInfo):
     data = data[: len(data) - len(data) % item]
     if not data:
         return None, False, 0
-    values = torch.frombuffer(data, dtype=getattr(torch, NUMPY_DTYPES[info.dtype])).float()
-    return values, False, len(data)
+    return _as_float32(bytes(data), info.dtype), False, len(data)
+
+
+def _as_float32(data: bytes, dtype: str):
+    """The values as float32, as torch.frombuffer(...).float() gives them (without importing torch):
+    bf16 is the upper half of a float32, so widening it is exact; F64 narrows (overflow -> inf)."""
+    import numpy as np
+
+    if dtype == "BF16":
+        return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    with np.errstate(over="ignore"):
+        return np.frombuffer(data, dtype="<" + {"F16": "f2", "F32": "f4", "F64": "f8"}[dtype]).astype(np.float32)
 
 
 def _judge(rel: str, info: TensorInfo, values, hole: bool, out: Collector) -> None:
-    import torch
+    import numpy as np
 
     matrix = len(info.shape) >= 2 and info.name.endswith("weight")
     where = f"{info.name} {list(info.shape)}"
@@ -65,18 +73,18 @@ def _judge(rel: str, info: TensorInfo, values, hole: bool, out: Collector) -> No
             out.add("tensor.all_zero", rel, f"{where}: its bytes are a hole of a sparse file (all zeros, never "
                     "written): the save or copy did not finish; copy the weights again")
         return
-    nan, inf = int(torch.isnan(values).sum()), int(torch.isinf(values).sum())
+    nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
     if nan:
-        out.add("tensor.nan", rel, f"{where}: {nan} NaN in {values.numel()} sampled values: the training or merge "
+        out.add("tensor.nan", rel, f"{where}: {nan} NaN in {values.size} sampled values: the training or merge "
                 "diverged; go back to the last finite checkpoint (merge with safe_merge=True to catch it)")
     if inf:
-        out.add("tensor.inf", rel, f"{where}: {inf} Inf in {values.numel()} sampled values: overflow (fp16?); "
+        out.add("tensor.inf", rel, f"{where}: {inf} Inf in {values.size} sampled values: overflow (fp16?); "
                 "re-merge in bf16 or fp32")
-    if matrix and not (nan or inf) and values.numel() > 1 and bool((values == values[0]).all()):
+    if matrix and not (nan or inf) and values.size > 1 and bool((values == values[0]).all()):
         if float(values[0]) == 0.0:
-            out.add("tensor.all_zero", rel, f"{where}: all {values.numel()} sampled values are zero (start, middle, "
+            out.add("tensor.all_zero", rel, f"{where}: all {values.size} sampled values are zero (start, middle, "
                     "end): a weight matrix that was never trained or was zeroed while saving; check the source "
                     "checkpoint (--deep reads every value)")
         else:
-            out.add("tensor.constant", rel, f"{where}: all {values.numel()} sampled values are {float(values[0]):g}: "
+            out.add("tensor.constant", rel, f"{where}: all {values.size} sampled values are {float(values[0]):g}: "
                     "a weight matrix is never constant once trained; check the source checkpoint")
