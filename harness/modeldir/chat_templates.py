@@ -96,15 +96,22 @@ def _text(view: DirView, rel: str) -> str | None:
 
 
 def check_templates(view: DirView, out: Collector) -> None:
+    from . import verdict_cache
+
     found, specials = templates(view)
+    keys = {where: verdict_cache.key("template", [text, specials], "chat_templates.py") for where, text in found.items()}
+    found = {where: text for where, text in found.items() if verdict_cache.load(keys[where]) != "clean"}
     if not found:
-        return
+        return  # none, or each rendered cleanly before with these versions: no jinja2 / transformers import
     from .read_child import ReadFailure, read_all
 
     _preload()
     reader = functools.partial(_render_job, found, specials)
     results = read_all([(where, where) for where in found], seconds=RENDER_SECONDS, memory=RENDER_MEMORY_BYTES,
                        reader=reader)
+    for where, result in results.items():
+        if isinstance(result, TemplateRead) and not result.errors:
+            verdict_cache.save(keys[where], "clean")
     for where, result in results.items():
         path = where.split(" (", 1)[0]
         if isinstance(result, ReadFailure):

@@ -40,7 +40,26 @@ class ExpectedModel:
 
 
 def expected_model(config: dict) -> ExpectedModel:
-    """Instantiate on meta; raises with a one-line reason when transformers cannot build it."""
+    """Instantiate on meta; raises with a one-line reason when transformers cannot build it.
+    A built architecture is kept on disk by config and versions (harness.modeldir.verdict_cache):
+    the same config again costs no transformers / torch import."""
+    from . import verdict_cache
+
+    k = verdict_cache.key("arch", config, "consistency.py")
+    stored = verdict_cache.load(k)
+    if isinstance(stored, dict):
+        try:
+            return ExpectedModel({n: tuple(s) for n, s in stored["shapes"].items()}, stored["embed_key"],
+                                 stored["lm_head_key"], bool(stored["tied"]), stored["vocab_size"])
+        except (KeyError, TypeError, AttributeError):
+            pass  # a damaged entry: build it again
+    built = _build_expected_model(config)
+    verdict_cache.save(k, {"shapes": built.shapes, "embed_key": built.embed_key, "lm_head_key": built.lm_head_key,
+                           "tied": built.tied, "vocab_size": built.vocab_size})
+    return built
+
+
+def _build_expected_model(config: dict) -> ExpectedModel:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
