@@ -60,7 +60,7 @@ def _preload(files: list[tuple[str, str]]) -> None:
 
     wanted: set[str] = set()
     for path, _rel in files:
-        wanted |= _readers_for(_head(path))
+        wanted |= _readers_for(*_head(path))
     modules = ["numpy", "safetensors", "tokenizers"]
     if "torch" in wanted:
         modules += ["torch", "torch.serialization", "torch._weights_only_unpickler"]
@@ -72,11 +72,13 @@ def _preload(files: list[tuple[str, str]]) -> None:
             pass
 
 
-def _readers_for(head: bytes) -> set[str]:
+def _readers_for(head: bytes, size: int) -> set[str]:
+    from .format_reads import looks_safetensors
     from .loader_views import COMPRESSED_MAGIC
 
     wanted = set()
-    if head.startswith((b"PK\x03\x04", b"\x80")) or head[257:262] == b"ustar":
+    pickle_like = head.startswith(b"\x80") and not looks_safetensors(head, size)  # a header length may end in 0x80
+    if head.startswith(b"PK\x03\x04") or pickle_like or head[257:262] == b"ustar":
         wanted.add("torch")
     if head.startswith(COMPRESSED_MAGIC):
         wanted.add("joblib.numpy_pickle")
@@ -85,17 +87,18 @@ def _readers_for(head: bytes) -> set[str]:
     return wanted
 
 
-def _head(path: str) -> bytes:
+def _head(path: str) -> tuple[bytes, int]:
     import stat
 
     try:  # never blocks: a FIFO (or anything but a regular file) is not read here
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return b""
+        return b"", 0
     try:
-        return os.read(fd, 512) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        info = os.fstat(fd)
+        return (os.read(fd, 512), info.st_size) if stat.S_ISREG(info.st_mode) else (b"", 0)
     except OSError:
-        return b""
+        return b"", 0
     finally:
         os.close(fd)
 
