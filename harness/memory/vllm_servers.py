@@ -11,6 +11,7 @@ from typing import Any
 from .gpus import Gpu
 from .vllm_model import ModelFacts, model_facts
 from .vllm_kv_families import Platform, cpu_platform
+from .vllm_kv_rules import cpu_refusal
 from .vllm_plan_kv import kv_layout, kv_layout_note, layout_fit_reason
 from .vllm_plan import (CPU_BLOCK_SIZE, DEFAULT_VERSION, GiB, VllmPlan, VllmQuery, capacity, kv_bytes_per_token,
                         parse_version)
@@ -48,6 +49,9 @@ def plan_cpu(facts: ModelFacts, *, kv_cache_space_gib: float, max_model_len: int
         reason = layout_fit_reason(layout, max_model_len)
         starts, groups, notes = reason == "", layout.groups, [kv_layout_note(layout)]
         block_size = layout.block_size
+    refused = cpu_refusal(facts.config, v)
+    if refused:
+        starts, reason = False, refused
     verdict = "yes" if starts else "no"
     if unknown:
         starts, verdict, reason = False, "unknown", f"unknown: {unknown}"
