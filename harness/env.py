@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .hw.pci import PciGpu, gpus_line, missing_driver_fix, nvidia_gpus
+from .pci import PciGpu, gpus_line, missing_driver_fix, nvidia_gpus
 
 
 @dataclass

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness import env as env_mod
-from harness.hw import compat, pci
+from harness import pci
+from harness.hw import compat
 from harness.hw.verdict import CheckOutcome, decide
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from pathlib import Path
 import harness
 
 LIBRARY = Path(harness.__file__).resolve().parent
-LEAVES = {"settings", "models", "units", "atomic", "errors", "env"}
+LEAVES = {"settings", "models", "units", "atomic", "errors", "env", "pci"}
 ENTRY_POINTS = {"commands", "plugin", "plugin_run", "plugin_xdist", "plugin_fixtures", "__main__"}
 PYTEST_AWARE = {"harness.plugin", "harness.plugin_run", "harness.plugin_xdist", "harness.plugin_fixtures"}
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .. import env as env_mod
-from ..hw.pci import from_dicts as pci_from_dicts
+from ..pci import from_dicts as pci_from_dicts
 from ..hw.references import FRACTION
 
 # check name (as in the hw suite's records) -> (key in its figures, unit, label)

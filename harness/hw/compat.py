@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from .pci import PciGpu, gpus_line, missing_driver_fix
+from ..pci import PciGpu, gpus_line, missing_driver_fix
 from .result import CheckResult
 
 # CUDA major -> oldest driver branch that runs it (minor-version compatibility).

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import env as env_mod
-from ..hw.pci import from_dicts as pci_from_dicts
+from ..pci import from_dicts as pci_from_dicts
 
 
 def environment(data: dict[str, Any]) -> env_mod.Environment:
