@@ -96,10 +96,7 @@ def run(args: argparse.Namespace) -> int:
         print("paged optimizer states live outside torch's allocator (unified memory): not in the peak.")
     for line in dict.fromkeys(_verification_line(r) for r in results if not (r.get("verification") or {}).get("verified", True)):
         print(line)
-    for r in results:
-        if "replay" in r:
-            print(f"{r['precision']} train {r['seq_len']} x {r['batch']}: {replay_line(r['replay'])}")
-    if budget is not None:  # the verdicts last, in plan's words and figures (budget.fit_verdict)
+    if budget is not None:  # the verdicts last, in plan's words and figures (budget.fit_verdict; replayed with --replay)
         for r in results:
             seq = "" if r["mode"] == "weights" else f" {r['seq_len']} x {r['batch']}"
             print(f"{r['precision']} {r['mode']}{seq}: {r['verdict']}")
