@@ -344,24 +344,18 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
                           max_batch_expandable=_largest(lambda b: with_expandable(ref, b), 1, max_batch))
         if best_seq is None:
             tight = nominal is not None
-            if not fits(w, budget_bytes, context_bytes, headroom):
-                reason = need("weights alone", w)
-            elif tight:
-                reason = (tight_unverified_text(uncertainty, shape.family) + ": "
-                          + need(f"{lo_seq} tokens at batch 1", peak(lo_seq, 1)))
-            else:
-                reason = f"the weights fit ({_size(w)}) but " + need(f"{lo_seq} tokens at batch 1", peak(lo_seq, 1))
+            weights_fit = fits(w, budget_bytes, context_bytes, headroom)
+            reason = _refusal(need, w, weights_fit, tight and tight_unverified_text(uncertainty, shape.family),
+                              lo_seq, peak(lo_seq, 1) if weights_fit else 0)
             plans.append(PrecisionPlan(p, mode, False, w, None, None, ref, None, reason,
                                        verdict="tight" if tight else "does not fit", **common))
             continue
         at_max = peak(best_seq, 1)
         if best_seq >= limit:
             limited_by = "model"
-            if max_seq_len:
-                reason = f"the model's limit, not memory, stops it ({limit_source}): " + need(f"{limit} tokens", at_max)
-            else:
-                reason = (f"fits up to the {limit}-token limit checked (the config states no "
-                          f"max_position_embeddings): " + need(f"{limit} tokens", at_max))
+            reason = (f"the model's limit, not memory, stops it ({limit_source}): " if max_seq_len else
+                      f"fits up to the {limit}-token limit checked (the config states no max_position_embeddings): ")
+            reason += need(f"{limit} tokens", at_max)
         else:
             limited_by = "memory"
             reason = need_text(f"{best_seq + 1} tokens", peak(best_seq + 1, 1), budget_bytes, context_bytes, headroom,
@@ -369,8 +363,15 @@ def plan(shape: ModelShape, budget_bytes: int, train: bool = False, precisions=P
             if uncertainty and nominal and nominal > best_seq:
                 reason += (f"; with the {uncertainty:.1%} an unverified family's estimate carries kept free"
                            f" (up to {nominal} tokens it fits only inside that margin: tight)").replace(".0%", "%")
-        if best_batch is None:
-            reason += f"; batch 1 at {ref} tokens does not fit"
+        reason += f"; batch 1 at {ref} tokens does not fit" if best_batch is None else ""
         plans.append(PrecisionPlan(p, mode, True, w, best_seq, best_batch, ref, at_max, reason,
                                    limited_by=limited_by, **common))
     return plans
+
+
+def _refusal(need, weights: int, weights_fit: bool, tight_text, lo_seq: int, lo_peak: int) -> str:
+    """Why no context fits: the weights alone, an unverified family's margin (tight), or the shortest step."""
+    if not weights_fit:
+        return need("weights alone", weights)
+    step = need(f"{lo_seq} tokens at batch 1", lo_peak)
+    return f"{tight_text}: {step}" if tight_text else f"the weights fit ({_size(weights)}) but {step}"
