@@ -153,6 +153,13 @@ def _gate_verdict(result, labels: list[str]) -> html.Verdict:
     return html.Verdict(question, "Not regressed", "good", [ok] + lines)
 
 
+def _memory_verdict(kv: Any) -> html.Verdict:
+    state, answer = {"OK": ("good", "Not regressed"), "REGRESSED": ("bad", "Regressed")}.get(
+        kv.decision, ("warn", "Undecided"))
+    lines = [kv.line()] + ([f"the plan's cause: {kv.cause}"] if kv.cause else [])
+    return html.Verdict("Did the KV cache capacity drop?", answer, state, lines)
+
+
 def _plain(value: Any) -> str:
     if isinstance(value, list):
         return " ".join(str(v) for v in value) or "none"
@@ -257,13 +264,15 @@ def _largest_run(data: dict) -> dict | None:
 
 
 def render(paths: list[str], datas: list[dict], comparison: Any = None, *, compare: bool | None = None,
-           title: str | None = None, index_href: str | None = None) -> str:
+           title: str | None = None, index_href: str | None = None, memory: Any = None) -> str:
     """`comparison`: a harness.serving.compare.Comparison, a text table, or None. With two files
     and `compare` not False, a comparison is computed here (any fingerprint difference allowed and
-    shown; the gate's default thresholds)."""
+    shown; the gate's default thresholds). `memory`: an upgrade rehearsal's KV gate
+    (harness.serving.upgrade_kv.KvUpgrade): a verdict card and the logged-vs-planned table."""
     labels = [_label(p, d) for p, d in zip(paths, datas)]
     result, text = _comparison(datas, comparison, compare)
     cards = [_gate_verdict(result, labels)] if result is not None else []
+    cards += [_memory_verdict(memory)] if memory is not None else []
     cards += [_requests_verdict(label, data) for label, data in zip(labels, datas)]
     nav = (f'<a href="{html.esc(index_href)}">← all runs</a>' if index_href else "") + pages.BACKLINK_MARK
     body = [html.verdict_strip(cards), f'<nav class="links" id="links">{nav}</nav>']
@@ -274,6 +283,9 @@ def render(paths: list[str], datas: list[dict], comparison: Any = None, *, compa
                                  + html.table("Comparison", _comparison_rows(result), open_=True,
                                               summary=f"{len(result.changes)} metric comparisons")
                                  + ("".join(html.note(b) for b in result.behaviours)), level=2))
+    if memory is not None:
+        body.append(html.table("Memory: what each start-up logged beside the plan", memory.rows(), open_=True,
+                               summary=memory.line()))
     if result is not None and not text:
         from ..serving.compare import format_table
 

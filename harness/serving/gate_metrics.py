@@ -56,6 +56,14 @@ GATE_METRICS: tuple[GateMetric, ...] = (
                "mean TTFT from the server's own histogram"),
 )
 BY_NAME: dict[str, GateMetric] = {m.name: m for m in GATE_METRICS}
+# Gated from the two servers' start-up logs (the upgrade rehearsal, harness/serving/upgrade_kv.py),
+# not from runs: deterministic, so no noise interval: a drop beyond the threshold is REGRESSED,
+# otherwise OK; a log without the figure is UNDECIDED.
+STARTUP_GATE_METRICS: tuple[GateMetric, ...] = (
+    GateMetric("kv_cache_tokens", "startup", "kv_cache_tokens", "tokens", False, 0.05,
+               "KV cache tokens the server's start-up logged (upgrade rehearsal; exact, no noise interval)"),
+)
+STARTUP_BY_NAME: dict[str, GateMetric] = {m.name: m for m in STARTUP_GATE_METRICS}
 
 
 def default_thresholds() -> dict[str, float]:
@@ -119,5 +127,6 @@ def fmt_value(value: float | None, unit: str) -> str:
 def docs_table() -> str:
     """The metrics as a markdown table (docs/serving.md holds a copy; tests/test_serving_compare.py checks it)."""
     lines = ["| metric | unit | direction | default threshold | what |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| `{m.name}` | {m.unit} | {m.direction} | {100 * m.threshold:g}% | {m.what} |" for m in GATE_METRICS]
+    lines += [f"| `{m.name}` | {m.unit} | {m.direction} | {100 * m.threshold:g}% | {m.what} |"
+              for m in GATE_METRICS + STARTUP_GATE_METRICS]
     return "\n".join(lines)
