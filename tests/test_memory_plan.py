@@ -314,3 +314,12 @@ def test_plan_train_gives_the_limits_with_expandable_segments_too(capsys):
     assert all(p["max_seq_len_expandable"] is None for p in served["plans"])
     main(["plan", "--config", "qwen3-1.7b", "--train", "--no-replay", "--precision", "nf4-dq", "--budget", "6GiB"])
     assert re.search(r"with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True .*: nf4-dq \d+ tokens", capsys.readouterr().out)
+
+
+def test_plan_ends_with_its_verdict_and_the_exit_code_agrees(capsys):
+    assert main(["plan", "--config", "qwen2.5-1.5b", "--budget", "6GiB", "--precision", "fp32,nf4-dq"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "verdict: fits (nf4-dq)"
+    assert main(["plan", "--config", "qwen2.5-7b", "--budget", "6GiB", "--precision", "fp32,bf16"]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "verdict: does not fit at any precision asked (fp32, bf16)"

@@ -96,15 +96,19 @@ def run(args: argparse.Namespace) -> int:
         print("paged optimizer states live outside torch's allocator (unified memory): not in the peak.")
     for line in dict.fromkeys(_verification_line(r) for r in results if not (r.get("verification") or {}).get("verified", True)):
         print(line)
-    if budget is not None:  # the verdicts last, in plan's words and figures (budget.fit_verdict; replayed with --replay)
-        for r in results:
-            seq = "" if r["mode"] == "weights" else f" {r['seq_len']} x {r['batch']}"
-            print(f"{r['precision']} {r['mode']}{seq}: {r['verdict']}")
     for r in results:
         if r.get("picture_text"):
             print()
             print("\n".join(r["picture_text"]))
-    return 0
+    if budget is not None:  # the verdicts last, in plan's words and figures (budget.fit_verdict; replayed with --replay)
+        for r in results:
+            seq = "" if r["mode"] == "weights" else f" {r['seq_len']} x {r['batch']}"
+            print(f"{r['precision']} {r['mode']}{seq}: {r['verdict']}")
+        if len(results) > 1:
+            short = [r for r in results if r["fit"] != "fits"]
+            print(f"verdict: {len(results) - len(short)} of {len(results)} fit {format_size(budget)}"
+                  + (f"; {len(short)} do not (tight or unknown counted with them)" if short else ""))
+    return 0  # a report of rows, each with its verdict (plan is the command whose exit code is the fit)
 
 
 def _verdicts(est, mode: str, budget: int, context: int) -> dict:

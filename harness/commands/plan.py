@@ -106,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     advice = _train_advice(shape, plans, opts, budget, context, headroom, args.batch_seq_len, limit.tokens) if args.train else {}
     verified = verification_of(shape, mode)
     overall, code = _overall(plans, verified)
+    if offload is not None and not any(p.fits for p in plans):  # the question asked was the offload placement
+        overall, code = f"does not fit on the GPU alone; with offload: {offload.reason}", 0
     if args.json:
         out = {"budget_bytes": budget, "context_bytes": context, "headroom": headroom, "mode": mode,
                "context_limit": limit.tokens, "context_limit_source": limit.source, "verification": verified,
@@ -140,12 +142,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _overall(plans, verified: dict) -> tuple[str | None, int]:
-    """An unverified family's plan ends with its verdict: a fit that keeps the family's uncertainty
-    free (exit 0), else "tight: unverified family" where something fits only inside it, or the
-    refusal of a step that cannot be traced (exit 1). A verified family's plan keeps its table."""
-    if verified["verified"]:
-        return None, 0
+    """The plan's last line: the precisions that fit (exit 0; an unverified family's with its uncertainty
+    kept free), else "tight: unverified family" where something fits only inside that margin, the
+    refusal of a step that cannot be traced, or nothing fits (exit 1)."""
     fitting = [p.precision for p in plans if p.fits]
+    if fitting and verified["verified"]:
+        return f"fits ({', '.join(fitting)})", 0
     if fitting:
         return (f"fits ({', '.join(fitting)}), with the {verified['uncertainty']:.1%} uncertainty of an unverified "
                 f"family kept free").replace(".0%", "%"), 0
@@ -157,7 +159,7 @@ def _overall(plans, verified: dict) -> tuple[str | None, int]:
     refused = [p for p in plans if p.verdict == "unknown"]
     if refused:
         return f"unknown: {refused[0].reason}", 1
-    return None, 0
+    return f"does not fit at any precision asked ({', '.join(p.precision for p in plans)})", 1
 
 
 def _two_models(args: argparse.Namespace, configs: list) -> int:
