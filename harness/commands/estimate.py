@@ -100,15 +100,20 @@ def run(args: argparse.Namespace) -> int:
         if r.get("picture_text"):
             print()
             print("\n".join(r["picture_text"]))
-    if budget is not None:  # the verdicts last, in plan's words and figures (budget.fit_verdict; replayed with --replay)
-        for r in results:
-            seq = "" if r["mode"] == "weights" else f" {r['seq_len']} x {r['batch']}"
-            print(f"{r['precision']} {r['mode']}{seq}: {r['verdict']}")
-        if len(results) > 1:
-            short = [r for r in results if r["fit"] != "fits"]
-            print(f"verdict: {len(results) - len(short)} of {len(results)} fit {format_size(budget)}"
-                  + (f"; {len(short)} do not (tight or unknown counted with them)" if short else ""))
+    if budget is not None:
+        _print_verdicts(results, budget)
     return 0  # a report of rows, each with its verdict (plan is the command whose exit code is the fit)
+
+
+def _print_verdicts(results: list[dict], budget: int) -> None:
+    """The verdicts last, in plan's words and figures (budget.fit_verdict; replayed with --replay)."""
+    for r in results:
+        seq = "" if r["mode"] == "weights" else f" {r['seq_len']} x {r['batch']}"
+        print(f"{r['precision']} {r['mode']}{seq}: {r['verdict']}")
+    if len(results) > 1:
+        short = [r for r in results if r["fit"] != "fits"]
+        print(f"verdict: {len(results) - len(short)} of {len(results)} fit {format_size(budget)}"
+              + (f"; {len(short)} do not (tight or unknown counted with them)" if short else ""))
 
 
 def _verdicts(est, mode: str, budget: int, context: int) -> dict:

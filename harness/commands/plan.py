@@ -117,9 +117,7 @@ def run(args: argparse.Namespace) -> int:
                        grad_checkpointing=opts.grad_checkpointing, lora_note=note)
         if offload is not None:
             out["offload"] = offload.as_dict() | ({"moe_note": _moe_note(shape)} if _moe_note(shape) else {})
-        if overall:
-            out["verdict"] = overall
-        print(json.dumps(out, indent=1))
+        print(json.dumps(out | {"verdict": overall}, indent=1))
         return code
     if note:
         print(f"note: {note}", file=sys.stderr)
