@@ -108,16 +108,21 @@ def train_fit_map_data(models: list[str], budget_bytes: int, context_bytes: int,
     attention and MLP projection, gradient checkpointing, AdamW, batch 1; a cell fits when
     `plan --train` would say so (the planned bytes, fragmentation room included, plus the
     training reserve after the CUDA context)."""
-    from ..memory.budget import fits
+    from ..memory.budget import fit_verdict
     from ..memory.estimate import Query, estimate
     from ..memory.shape import model_shape
+
+    def cell(e) -> dict:  # plan's rule: an unverified family's uncertainty kept free
+        verdict = fit_verdict(e.planned_bytes, budget_bytes, context_bytes, headroom,
+                              (e.verification or {}).get("uncertainty", 0.0))
+        return {"predicted_bytes": int(e.planned_bytes), "fits": verdict == "fits", "verdict": verdict}
 
     contexts = contexts or TRAIN_CONTEXTS
     panels = []
     for model in models:
         shape = model_shape(model)
-        cells = [[{"predicted_bytes": int(e.planned_bytes), "fits": fits(e.planned_bytes, budget_bytes, context_bytes, headroom)}
-                  for e in (estimate(shape, Query(p, "train", seq_len=c, batch=1)) for c in contexts)] for p in precisions]
+        cells = [[cell(e) for e in (estimate(shape, Query(p, "train", seq_len=c, batch=1)) for c in contexts)]
+                 for p in precisions]
         panels.append({"model": str(model), "precisions": list(precisions), "contexts": contexts, "cells": cells,
                        "measured": []})
     note = (f"Budget {budget_bytes / 2**30:g} GiB, {context_bytes / 2**20:.0f} MiB of it CUDA context, "
