@@ -245,3 +245,25 @@ def test_the_size_checker_counts_a_function_from_def_to_its_last_line(tmp_path):
     pkg = _write(tmp_path / "toy", {"a.py": f"def short():\n{body(40)}\n\ndef long():\n{body(80)}"})
     modules, functions = sizes(pkg)
     assert functions == {"a.py:short": 41, "a.py:long": 81} and modules["a.py"] == 41 + 2 + 81
+
+
+SHORT_SUBJECTS_SINCE = "f725cbac95e26ee2e3ea8eb9a558c0d9bf65da7c"  # the rule holds from the commit after this one
+
+
+def test_commit_subjects_are_at_most_72_characters():
+    """`git log --oneline` stays readable: a subject says what changed, the evidence goes in the body."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    root = Path(harness.__file__).resolve().parent.parent
+    if not shutil.which("git") or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    known = subprocess.run(["git", "cat-file", "-e", f"{SHORT_SUBJECTS_SINCE}^{{commit}}"], cwd=root, capture_output=True)
+    if known.returncode:
+        pytest.skip(f"the history before {SHORT_SUBJECTS_SINCE[:7]} is not in this clone (shallow)")
+    log = subprocess.run(["git", "log", "--format=%h %s", f"{SHORT_SUBJECTS_SINCE}..HEAD"], cwd=root,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    long = [line for line in log if len(line.split(" ", 1)[1]) > 72]
+    assert not long, "commit subjects over 72 characters:\n" + "\n".join(long)
