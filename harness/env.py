@@ -167,9 +167,10 @@ def probe_torch() -> TorchProbe:
 PACKAGES = ("transformers", "peft", "accelerate", "bitsandbytes", "safetensors", "tokenizers", "pytest", "pytest-html")
 
 
-def probe_packages() -> dict[str, str | None]:
+def probe_packages(names=PACKAGES) -> dict[str, str | None]:
+    """The installed version of each distribution named, None where it is not installed."""
     out: dict[str, str | None] = {}
-    for name in PACKAGES:
+    for name in names:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

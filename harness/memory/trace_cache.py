@@ -12,21 +12,16 @@ import hashlib
 import json
 import os
 import tempfile
-from importlib import metadata
 from pathlib import Path
 
+from ..env import probe_packages
 from ..models import default_cache_dir
 
 FORMAT = 1
 
 
 def _versions() -> dict[str, str | None]:
-    out = {}
-    for name in ("torch", "transformers", "peft", "bitsandbytes"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
+    out = probe_packages(("torch", "transformers", "peft", "bitsandbytes"))
     source = Path(__file__).with_name("step_trace.py").read_bytes()
     out["step_trace"] = hashlib.sha256(source).hexdigest()[:16]
     return out

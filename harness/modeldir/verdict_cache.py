@@ -20,8 +20,9 @@ import hashlib
 import json
 import os
 import tempfile
-from importlib import metadata
 from pathlib import Path
+
+from ..env import probe_packages
 
 FORMAT = 1
 _SOURCES: dict[str, str] = {}
@@ -39,13 +40,7 @@ def key(kind: str, what, source_module: str) -> str:
 
 
 def _versions() -> dict[str, str | None]:
-    out = {}
-    for name in ("torch", "transformers", "jinja2", "safetensors"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return probe_packages(("torch", "transformers", "jinja2", "safetensors"))
 
 
 def _source(name: str) -> str:
