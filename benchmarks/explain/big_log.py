@@ -7,7 +7,7 @@ and the child's peak RSS (os.wait4's ru_maxrss):
   only lines a recogniser could read), the same OOM at the end.
 The machine's load average is written beside the figures (the machine is shared).
 
-    python3 benchmarks/explain/big_log.py [--size-mb 200] [--out reports/explain_big_log.json]
+    python3 benchmarks/explain/big_log.py [--size-mb 200] [--out measurements/explain/big_log.json]
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _explain(path: Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=200)
-    parser.add_argument("--out", default=str(ROOT / "reports" / "explain_big_log.json"))
+    parser.add_argument("--out", default=str(ROOT / "measurements" / "explain" / "big_log.json"))
     args = parser.parse_args(argv)
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,7 +8,7 @@ n/a). held_out_3.json (issue 44) holds threads of the kinds added then and vLLM 
 collected after those recognisers and the library catalog were committed. Also runs the training
 set for comparison.
 
-    python3 benchmarks/explain/held_out.py [--out reports/explain_held_out.json]
+    python3 benchmarks/explain/held_out.py [--out measurements/explain/held_out.json]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def summary(rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "reports" / "explain_held_out.json"))
+    parser.add_argument("--out", default=str(ROOT / "measurements" / "explain" / "held_out.json"))
     args = parser.parse_args(argv)
     out = {}
     for name in ("held_out", "held_out_2", "held_out_3", "real_messages"):

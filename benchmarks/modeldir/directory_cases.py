@@ -1,7 +1,7 @@
 """check-dir on the directory-level cases of issue 43, the peers beside it, and its reading time.
 
     python benchmarks/modeldir/directory_cases.py [--scanners-python .venvs/scanners/bin/python]
-        [--out reports/modeldir-directory] [--big-7b]
+        [--out measurements/modeldir/directory] [--big-7b]
 
 Cases: tests/modeldir_cases.py (code paths, safetensors headers, chat templates, values, parsers,
 layouts), each built from the tiny qwen2 model; "malicious" ones are those a loader runs code
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scanners-python", type=lambda p: str(Path(p).absolute()),
                         default=str(ROOT / ".venvs" / "scanners" / "bin" / "python"))
-    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "modeldir-directory")
+    parser.add_argument("--out", type=Path, default=ROOT / "measurements" / "modeldir" / "directory")
     parser.add_argument("--big-7b", action="store_true", help="also time a 13.5 GB sharded 7B layout (sparse-backed)")
     parser.add_argument("--timing-only", action="store_true", help="skip the peers")
     args = parser.parse_args(argv)

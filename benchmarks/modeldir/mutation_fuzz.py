@@ -1,7 +1,7 @@
 """check-dir on N randomly mutated copies of a healthy model directory: no traceback, no hang.
 
     python benchmarks/modeldir/mutation_fuzz.py [-n 1000] [--seed 0] [--hang-seconds 120]
-        [--out reports/modeldir-fuzz.json]
+        [--out measurements/modeldir/fuzz.json]
 
 Each copy of the tiny qwen2 directory gets 1-3 mutations drawn from MUTATIONS (bytes flipped,
 files cut short or extended, JSON values replaced by NaN / huge / wrong types, keys dropped,
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hang-seconds", type=float, default=120.0)
-    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "modeldir-fuzz.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "measurements" / "modeldir" / "fuzz.json")
     args = parser.parse_args(argv)
 
     from harness.errors import UsageError
