@@ -4,6 +4,7 @@ history did (measurements/vram/families/run-14 to run-17)."""
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -201,20 +202,24 @@ def test_precisions_the_tracer_cannot_stand_in_for_are_refused():
         trace_training_step(load_config("phi-4-mini")[0], Query("int8", "train"))
 
 
-def test_estimate_replay_gives_the_replayed_verdict_beside_the_reserve_rule():
+def test_estimate_replay_gives_the_replayed_verdict_beside_the_reserve_rule(tmp_path):
     """The committed refusal that ran out (phi-4-mini all-linear r32 128 x 1): both verdicts refuse,
-    the replay with the need it traced; the JSON names each figure."""
+    the replay with the need it traced; the JSON names each figure. A second run reads the trace
+    cache and says the same."""
     pytest.importorskip("bitsandbytes")
-    r = subprocess.run([sys.executable, "-m", "harness", "estimate", "--config", "phi-4-mini", "--precision", "nf4-dq",
-                        "--mode", "train", "--seq-len", "128", "--lora-r", "32", "--lora-targets", "all-linear",
-                        "--optimizer", "adamw_torch", "--budget", "6GiB", "--context-bytes", "610MiB", "--replay",
-                        "--json"], capture_output=True, text=True, cwd=REPO)
+    env = dict(os.environ, HARNESS_CACHE_DIR=str(tmp_path))  # a cold trace cache, whatever ran before
+    cmd = [sys.executable, "-m", "harness", "estimate", "--config", "phi-4-mini", "--precision", "nf4-dq",
+           "--mode", "train", "--seq-len", "128", "--lora-r", "32", "--lora-targets", "all-linear",
+           "--optimizer", "adamw_torch", "--budget", "6GiB", "--context-bytes", "610MiB", "--replay", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     (obj,) = json.loads(r.stdout)
     replay = obj["replay"]
     assert obj["fits"] is False and replay["fits"] is False
     assert replay["cap_bytes"] == 6 * 2**30 - 610 * 2**20 and replay["need_bytes"] > replay["cap_bytes"]
     assert "step 3/3" in r.stderr  # progress while it traces
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    assert "from the trace cache" in again.stderr and json.loads(again.stdout)[0]["replay"] == replay
 
 
 def test_estimate_replay_without_a_card_is_a_usage_error():

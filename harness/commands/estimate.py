@@ -107,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_verdicts(results: list[dict], budget: int) -> None:
     """The verdicts last, in plan's words and figures (budget.fit_verdict; replayed with --replay)."""
+    from ..units import format_size
+
     for r in results:
         seq = "" if r["mode"] == "weights" else f" {r['seq_len']} x {r['batch']}"
         print(f"{r['precision']} {r['mode']}{seq}: {r['verdict']}")
