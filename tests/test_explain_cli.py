@@ -49,6 +49,9 @@ def test_text_output_names_causes_and_fix():
     proc = run("-", stdin=OOM.encode())
     out = proc.stdout.decode()
     assert proc.returncode == 0 and "likely causes" in out and "fix:" in out and "evidence:" in out
+    assert out.strip().splitlines()[-1] == "verdict: recognised as cuda_oom"  # the last line is the verdict
+    quiet = run("-", stdin=b"everything went fine\n").stdout.decode().strip().splitlines()
+    assert quiet[-1].startswith("not recognised:")
 
 
 def _bad(proc, needle: str):

@@ -52,6 +52,8 @@ def _print_text(result) -> None:
         print("computed: " + json.dumps(result.computed, default=str))
     for other in result.also:
         print(f"\nalso in the text: {other['kind']}: {other['what_happened']}")
+    also = ", ".join(other["kind"] for other in result.also)
+    print(f"\nverdict: recognised as {result.kind}" + (f" (the text also shows {also})" if also else ""))
 
 
 def run(args) -> int:
