@@ -55,7 +55,7 @@ def test_gate_passes_vllm_against_itself(baseline_path, server_pool, serving_dir
     proc = _cli("gate", "--baseline-endpoint", served.base_url, "--candidate-endpoint", served.base_url,
                 "--model", served.model, *(["--tokenizer", str(served.tokenizer_dir)] if served.tokenizer_dir else []),
                 "--concurrency", str(concurrency), "--num-prompts", str(w.num_prompts),
-                "--input-len", str(w.input_len), "--output-len", str(w.output_len), "--max-blocks", "10",
+                "--input-len", str(w.input_len), "--output-len", str(w.output_len), "--max-blocks", "30",
                 "--budget-s", "420", "--noise-model", str(serving_dir / "gate-noise.json"),
                 "--out", str(serving_dir / "gate-self.json"), "-q", timeout=600)
     record(table=proc.stdout, verdict=_verdict(proc))
