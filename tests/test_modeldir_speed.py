@@ -32,7 +32,7 @@ def test_a_directory_checked_before_needs_neither_torch_nor_transformers(tiny_mo
     cache = tmp_path / "cache"
     first = _check_in_fresh_process(tiny_model_dir, cache)
     again = _check_in_fresh_process(tiny_model_dir, cache)
-    assert first == (1, 1, 1)  # built the architecture and rendered the template
+    assert first == (1, 0, 1)  # the family rule confirmed the tensors (no torch), the template rendered
     assert again == (1, 0, 0)  # same verdict from the cache; no pickle in the directory: no torch at all
 
 

@@ -32,10 +32,11 @@ def check_dir(path: str | os.PathLike, deep: bool = False, allow_remote_code: bo
         return DirReport(directory=str(view.root), findings=out.findings, deep=deep, bytes_read=view.bytes_read,
                          files_checked=sum(1 for e in view.entries.values() if e.kind == "file"))
     config = _check_config(view, out, allow_remote_code)
-    expected = _expected(config, out) if config is not None else None  # also: does transformers accept it?
     tokenizer_json = _check_tokenizer(view, out, allow_remote_code)
     _check_generation_config(view, out, config)
     headers, stored, weights_whole = _check_weights(view, out, refused)
+    # also: does transformers accept the config? (the stored tensors let a family rule confirm them)
+    expected = _expected(config, out, stored if weights_whole else None) if config is not None else None
     if headers and not deep:
         weight_sample.sample_weights(view, headers, out)
 
@@ -367,9 +368,9 @@ def _header(view: DirView, rel: str, out: Collector) -> SafetensorsHeader | None
 
 # -- consistency helpers ------------------------------------------------------------------------
 
-def _expected(config: dict, out: Collector):
+def _expected(config: dict, out: Collector, stored: dict | None = None):
     try:
-        return consistency.expected_model(config)
+        return consistency.expected_model(config, stored)
     except Exception as exc:  # noqa: BLE001 - any failure to build the architecture is a finding
         reason = _transformers_sentence(exc)
         if _known_model_type(config.get("model_type")):

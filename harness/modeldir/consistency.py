@@ -39,24 +39,68 @@ class ExpectedModel:
         self.vocab_size = vocab_size
 
 
-def expected_model(config: dict) -> ExpectedModel:
+def expected_model(config: dict, tensors: dict | None = None) -> ExpectedModel:
     """Instantiate on meta; raises with a one-line reason when transformers cannot build it.
     A built architecture is kept on disk by config and versions (harness.modeldir.verdict_cache):
-    the same config again costs no transformers / torch import."""
+    the same config again costs no transformers / torch import.
+
+    tensors (name -> (file, TensorInfo), the whole stored set) lets a family rule
+    (harness.modeldir.arch_rules, a model of ours pinned to the transformers sources it was compared
+    with) answer without torch when the stored tensors agree with it in every name and shape;
+    any disagreement, and no tensors at all, is judged on transformers' own model."""
     from . import verdict_cache
 
     k = verdict_cache.key("arch", config, "consistency.py")
-    stored = verdict_cache.load(k)
-    if isinstance(stored, dict):
-        try:
-            return ExpectedModel({n: tuple(s) for n, s in stored["shapes"].items()}, stored["embed_key"],
-                                 stored["lm_head_key"], bool(stored["tied"]), stored["vocab_size"])
-        except (KeyError, TypeError, AttributeError):
-            pass  # a damaged entry: build it again
+    cached = _from_cache(verdict_cache.load(k))
+    if cached is not None:
+        return cached
+    if tensors:
+        ruled = _by_rule(config)
+        if ruled is not None and _agrees(ruled, tensors):
+            return ruled
     built = _build_expected_model(config)
-    verdict_cache.save(k, {"shapes": built.shapes, "embed_key": built.embed_key, "lm_head_key": built.lm_head_key,
-                           "tied": built.tied, "vocab_size": built.vocab_size})
+    verdict_cache.save(k, _as_json(built))
     return built
+
+
+def _by_rule(config: dict) -> ExpectedModel | None:
+    """The family rule's answer (verdict cache kind "arch-rule"), or None where no rule answers.
+    Raises what transformers' config class raises on a config it refuses."""
+    from . import arch_rules, verdict_cache
+
+    if not arch_rules.applies(config):
+        return None
+    k = verdict_cache.key("arch-rule", config, "arch_rules.py")
+    cached = _from_cache(verdict_cache.load(k))
+    if cached is not None:
+        return cached
+    ruled = arch_rules.shapes_by_rule(config)
+    if ruled is None:
+        return None
+    verdict_cache.save(k, ruled)
+    return _from_cache(ruled)
+
+
+def _agrees(expected: ExpectedModel, tensors: dict) -> bool:
+    """No finding of check_tensors: the same names, shapes, tied head and vocab rows."""
+    scratch = Collector()
+    check_tensors(expected, tensors, scratch, quantized=False)
+    return not scratch.findings
+
+
+def _as_json(model: ExpectedModel) -> dict:
+    return {"shapes": model.shapes, "embed_key": model.embed_key, "lm_head_key": model.lm_head_key,
+            "tied": model.tied, "vocab_size": model.vocab_size}
+
+
+def _from_cache(stored) -> ExpectedModel | None:
+    if not isinstance(stored, dict):
+        return None
+    try:
+        return ExpectedModel({n: tuple(s) for n, s in stored["shapes"].items()}, stored["embed_key"],
+                             stored["lm_head_key"], bool(stored["tied"]), stored["vocab_size"])
+    except (KeyError, TypeError, AttributeError):
+        return None  # a damaged entry: build it again
 
 
 def _build_expected_model(config: dict) -> ExpectedModel:
