@@ -605,19 +605,23 @@ def command(job: dict, model_dir: Path, out: Path, device: str) -> list[str]:
         spec = job["arch"] if job["arch"] in BUILT_ON_DEVICE else str(model_dir)
         return [sys.executable, "-m", "harness.memory.moe_case", "--offload", spec, "--budget-bytes",
                 str(job["budget_bytes"]), "--out", str(out), "--device", device]
+    shapes = ["--infer-shapes", json.dumps(job["shapes"])] if job.get("shapes") else []
     return [sys.executable, str(Path(__file__).resolve()), "--infer-worker", job["arch"], "--precision",
-            job["precision"], "--model-dir", str(model_dir), "--out", str(out), "--device", device]
+            job["precision"], "--model-dir", str(model_dir), "--out", str(out), "--device", device, *shapes]
 
 
 # ---------------------------------------------------------------------------------------------
 # Inference worker (one process per family and precision)
 
 
-def infer_worker(arch: str, precision: str, model_dir: Path, out: Path, device: str, deadline: float) -> None:
+def infer_worker(arch: str, precision: str, model_dir: Path, out: Path, device: str, deadline: float,
+                 shapes: dict | None = None) -> None:
+    """`shapes` ({"prefill_lens", "batches", "generate"}, from the job) replaces INFER's."""
     from harness.memory import matrix
 
-    matrix.PREFILL_LENS, matrix.BATCHES = INFER["prefill_lens"], INFER["batches"]
-    matrix.GENERATE = INFER["generate"]
+    shapes = dict(INFER, **(shapes or {}))
+    matrix.PREFILL_LENS, matrix.BATCHES = tuple(shapes["prefill_lens"]), tuple(shapes["batches"])
+    matrix.GENERATE = shapes["generate"]
     work = out.parent / (out.stem + ".d")
     work.mkdir(parents=True, exist_ok=True)
     import torch
@@ -645,12 +649,12 @@ def save_models(archs, root: Path, device: str, deadline: float, log_dir: Path |
     procs = {}
     root.mkdir(parents=True, exist_ok=True)
     for arch in archs:
-        path = root / arch
+        path = root / model_folder(arch)
         if (path / "config.json").exists():
             continue
         code = ("from harness.models import save_random_model; "
                 f"save_random_model({arch!r}, {str(path)!r}, dtype='bf16', device={device!r})")
-        log_path = root.parent / f"save-{arch}.log" if log_dir is None else log_dir / f"save-{arch}.log"
+        log_path = root.parent / f"save-{model_folder(arch)}.log" if log_dir is None else log_dir / f"save-{model_folder(arch)}.log"
         procs[arch] = subprocess.Popen([sys.executable, "-c", code], env=py_env(), stdout=subprocess.DEVNULL,
                                        stderr=open(log_path, "w"))
     failed = set()
@@ -663,7 +667,13 @@ def save_models(archs, root: Path, device: str, deadline: float, log_dir: Path |
         if proc.returncode != 0:  # a save cut short leaves a config.json beside partial weights
             failed.add(arch)
         log(f"saved {arch}: exit {proc.returncode}")
-    return {a: root / a for a in archs if a not in failed and (root / a / "config.json").exists()}
+    return {a: root / model_folder(a) for a in archs
+            if a not in failed and (root / model_folder(a) / "config.json").exists()}
+
+
+def model_folder(arch: str) -> str:
+    """The checkpoint's folder name: the reference name, or a config file's stem (CPU dry runs)."""
+    return Path(arch).name.removesuffix(".json")
 
 
 def run_jobs(jobs: list[dict], model_dirs: dict, out_dir: Path, device: str, deadline: float, slots: int,
@@ -721,6 +731,8 @@ def run_jobs(jobs: list[dict], model_dirs: dict, out_dir: Path, device: str, dea
             n += 1
             out = rows_dir / f"{n:03d}-{job['name']}.json"
             env = dict(py_env(), **job.get("env", {}))
+            if job.get("pythonpath"):  # e.g. the fused kernels, installed apart so other jobs run without them
+                env["PYTHONPATH"] = os.pathsep.join((job["pythonpath"], env["PYTHONPATH"]))
             env["FAMILIES_DEADLINE"] = str(deadline)
             proc = subprocess.Popen(command(job, model_dirs[job["arch"]], out, device), env=env,
                                     start_new_session=True, stdout=subprocess.DEVNULL,
@@ -739,8 +751,11 @@ TINY_MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 1
             "tie_word_embeddings": False, "norm_topk_prob": True}
 
 
-def model_dirs_for(job_set: str, smoke: bool, out: Path, model_root: Path, device: str) -> tuple[dict, set]:
-    """{arch: model dir or config path} ready now, and the archs a background thread still saves."""
+def model_dirs_for(job_set: str, smoke: bool, out: Path, model_root: Path, device: str,
+                   jobs: list[dict] | None = None, save_limit_s: float = 90) -> tuple[dict, set]:
+    """{arch: model dir or config path} ready now, and the archs a background thread still saves.
+    A job set kept as data names its own architectures; a job with "build": "device" gets no
+    checkpoint (built with random weights where it runs)."""
     if smoke:
         from harness.models import tiny_model_dir
 
@@ -749,15 +764,22 @@ def model_dirs_for(job_set: str, smoke: bool, out: Path, model_root: Path, devic
         return {"qwen2.5-0.5b": tiny_model_dir("qwen2"), "tiny-moe": cfg}, set()
     from harness.models import reference_config_path
 
+    def config_path(arch: str) -> Path:  # a reference name, or a config file's path (CPU dry runs)
+        return Path(arch) if arch.endswith(".json") else reference_config_path(arch)
+
     (out / "logs").mkdir(exist_ok=True)
-    archs = SETS[job_set]
-    dirs = {a: reference_config_path(a) for a in archs if a in BUILT_ON_DEVICE}
-    to_save = [a for a in archs if a not in BUILT_ON_DEVICE]
+    if job_set in SETS:
+        archs, on_device = SETS[job_set], set(BUILT_ON_DEVICE)
+    else:
+        archs = tuple(dict.fromkeys(j["arch"] for j in jobs or ()))
+        on_device = {j["arch"] for j in jobs or () if j.get("build") == "device"}
+    dirs = {a: config_path(a) for a in archs if a in on_device}
+    to_save = [a for a in archs if a not in on_device]
     saving = set(to_save)
 
     def save() -> None:
         try:
-            dirs.update(save_models(to_save, model_root, device, T0 + 90, out / "logs"))
+            dirs.update(save_models(to_save, model_root, device, T0 + save_limit_s, out / "logs"))
         finally:
             saving.clear()
 
@@ -769,8 +791,9 @@ def jobs_from(spec: str, default_set: str) -> tuple[str, list[dict]]:
     """(job set, jobs) of a job set kept as data: a jobs.json file, or a run (directory, archive or
     measurements/ name) whose jobs.json and environment.json (its job_set) are read."""
     path = Path(spec)
-    if path.is_file():
-        return default_set, json.loads(path.read_text())
+    if path.is_file():  # a list of jobs, or {"job_set": name, "jobs": [...]}
+        data = json.loads(path.read_text())
+        return (data["job_set"], data["jobs"]) if isinstance(data, dict) else (default_set, data)
     import measurements
 
     run = measurements.run_dir(spec)
@@ -798,10 +821,15 @@ def main(argv=None) -> int:
     ap.add_argument("--infer-worker", help=argparse.SUPPRESS)
     ap.add_argument("--precision", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--infer-shapes", help=argparse.SUPPRESS)
+    ap.add_argument("--save-limit-s", type=float, default=90,
+                    help="seconds the random checkpoints may take to save (default 90)")
     args = ap.parse_args(argv)
     if args.infer_worker:
         deadline = float(os.environ.get("FAMILIES_DEADLINE", time.time() + 120))
-        infer_worker(args.infer_worker, args.precision, Path(args.model_dir), Path(args.out), args.device, deadline - 10)
+        shapes = json.loads(args.infer_shapes) if args.infer_shapes else None
+        infer_worker(args.infer_worker, args.precision, Path(args.model_dir), Path(args.out), args.device,
+                     deadline - 10, shapes)
         return 0
     if args.jobs:
         args.set, jobs = jobs_from(args.jobs, args.set)
@@ -821,7 +849,8 @@ def main(argv=None) -> int:
     env_info = dict(environment(args.device), fit_excluded=list(FIT_EXCLUDED), budget_bytes=BUDGET, job_set=args.set)
     atomic.write_json(out / "environment.json", env_info)
     log(f"{len(jobs)} jobs ({args.set}); environment {env_info}")
-    model_dirs, saving = model_dirs_for(args.set, args.smoke, out, Path(args.model_root), args.device)
+    model_dirs, saving = model_dirs_for(args.set, args.smoke, out, Path(args.model_root), args.device,
+                                        jobs if args.jobs else None, args.save_limit_s)
     counts = run_jobs(jobs, model_dirs, out, args.device, deadline, args.slots, saving)
     log(f"finished: {counts}")
     atomic.write_json(out / "DONE", dict(counts, seconds=round(time.time() - T0, 1)))

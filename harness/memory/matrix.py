@@ -69,9 +69,15 @@ def inference_cases(arch: str, precision: str) -> list[dict]:
     for batch in BATCHES:
         for seq in PREFILL_LENS:
             cases.append(dict(arch=arch, precision=precision, mode="prefill", seq_len=seq, batch=batch))
-        cases.append(dict(arch=arch, precision=precision, mode="generate", seq_len=GENERATE[0],
-                          batch=batch, new_tokens=GENERATE[1]))
+        for seq, new in generate_settings():
+            cases.append(dict(arch=arch, precision=precision, mode="generate", seq_len=seq, batch=batch,
+                              new_tokens=new))
     return cases
+
+
+def generate_settings() -> tuple[tuple[int, int], ...]:
+    """GENERATE as (prompt, new tokens) pairs: one pair or a tuple of them."""
+    return tuple(GENERATE) if isinstance(GENERATE[0], (tuple, list)) else (tuple(GENERATE),)
 
 
 def train_cases(arch: str, precision: str) -> list[dict]:

@@ -27,7 +27,11 @@ export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv > "$out/gpu.csv" 2>&1
 python3 -c "import bitsandbytes, torch, transformers, peft; print(bitsandbytes.__version__, torch.__version__, transformers.__version__, peft.__version__)" > "$out/versions.txt" 2>&1
-timeout -k 5 $(( limit + 20 )) python3 benchmarks/vram/families.py --out "$out" --time-limit-s "$limit" --set "${FAMILIES_SET:-issue27}" --slots "${FAMILIES_SLOTS:-10}" \
+# FAMILIES_JOBS: a job set kept as data (a jobs file) instead of FAMILIES_SET's drawn one
+jobs=(--set "${FAMILIES_SET:-issue27}")
+[ -n "${FAMILIES_JOBS:-}" ] && jobs=(--jobs "$FAMILIES_JOBS")
+timeout -k 5 $(( limit + 20 )) python3 benchmarks/vram/families.py --out "$out" --time-limit-s "$limit" "${jobs[@]}" \
+  --slots "${FAMILIES_SLOTS:-10}" --save-limit-s "${FAMILIES_SAVE_LIMIT_S:-90}" \
   2> >(grep -v "warnings.warn\|UserWarning\|FutureWarning" > "$out/log.txt")
 echo "exit $? after $(( $(date +%s) - start )) s" >> "$out/log.txt"
 [ -f "$out/DONE" ] || echo '{"incomplete": true}' > "$out/DONE"
