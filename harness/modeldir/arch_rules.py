@@ -71,9 +71,9 @@ def applies(config: dict, verified: dict[str, str] | None = None) -> bool:
         return False
     if any(config.get(k) is not None and config.get(k) not in DTYPES for k in ("dtype", "torch_dtype")):
         return False
-    from ..env import probe_packages
+    from .verdict_cache import versions
 
-    if probe_packages(("transformers",)).get("transformers") != VERIFIED_VERSION:
+    if versions().get("transformers") != VERIFIED_VERSION:
         return False
     return sources_hash(model_type) == (verified if verified is not None else VERIFIED_SOURCES).get(model_type)
 

@@ -15,6 +15,7 @@ HARNESS_CHECKDIR_CACHE=0 turns it off. A cache that cannot be read or written is
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -35,11 +36,13 @@ def enabled() -> bool:
 def key(kind: str, what, source_module: str) -> str:
     """kind: "arch" / "template"; what: JSON-able inputs; source_module: a file name in this
     package whose code computes the verdict (its bytes are part of the key)."""
-    blob = {"format": FORMAT, "kind": kind, "what": what, "versions": _versions(), "source": _source(source_module)}
+    blob = {"format": FORMAT, "kind": kind, "what": what, "versions": versions(), "source": _source(source_module)}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=repr).encode()).hexdigest()
 
 
-def _versions() -> dict[str, str | None]:
+@functools.lru_cache(maxsize=1)
+def versions() -> dict[str, str | None]:
+    """The installed versions the verdicts depend on (read once a process: importlib.metadata is slow)."""
     return probe_packages(("torch", "transformers", "jinja2", "safetensors"))
 
 
