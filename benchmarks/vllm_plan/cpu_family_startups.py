@@ -32,14 +32,14 @@ FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "4"]
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-def one(family: str, version: str, models: Path, logs: Path) -> dict:
+def one(family: str, version: str, models: Path, logs: Path, timeout_s: float = 420) -> dict:
     python = ROOT / ".venvs" / f"vllm-{version}" / "bin" / "python"
     model_dir = build_tiny_family(family, models / family)
     started = time.monotonic()
     row = {"family": family, "vllm_version": version, "flags": FLAGS, "env": ENV}
     try:
         with launch_vllm(python, model_dir, FLAGS, env=ENV, log_dir=logs / f"{family}-{version}",
-                         startup_timeout_s=420) as server:
+                         startup_timeout_s=timeout_s) as server:
             row.update(server_kv_record(family, server, model_dir, version=version))
             row["outcome"] = "started"
     except Exception as exc:  # a failed start is a result: keep vLLM's reason
@@ -53,12 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--families", default="gemma4,granite4h", help=f"comma list of {', '.join(TINY_FAMILIES)}")
     p.add_argument("--versions", default="0.32.0,0.31.0")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--startup-timeout", type=float, default=420, help="seconds a start may take (a busy box: more)")
     args = p.parse_args(argv)
     rows = json.loads(args.out.read_text()) if args.out.is_file() else []
     work = Path(tempfile.mkdtemp(prefix="vllm-family-"))
     for family in args.families.split(","):
         for version in args.versions.split(","):
-            row = one(family, version, work / "models", work / "logs")
+            row = one(family, version, work / "models", work / "logs", args.startup_timeout)
             rows = [r for r in rows if (r["family"], r["vllm_version"]) != (family, version)] + [row]
             write_json(args.out, rows)
             print(f"{family:14s} {version}: {row['outcome']:8s} logged {row.get('logged_kv_cache_tokens')} tokens "

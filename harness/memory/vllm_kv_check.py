@@ -20,7 +20,6 @@ num_blocks, kv_cache_tokens and max_concurrency, or {"error": "..."} with vLLM's
 
 from __future__ import annotations
 
-import importlib.machinery
 import json
 import logging
 import os
@@ -69,43 +68,6 @@ def _init_distributed() -> None:
                                      distributed_init_method=f"file://{path}", backend="gloo")
         ensure_model_parallel_initialized(1, 1)
     _DIST_READY = True
-
-
-def _stub_torchvision() -> str | None:
-    """vLLM 0.32 imports qwen3_vl (and through it transformers' torchvision-backed Qwen2-VL /
-    Qwen3-VL image and video processors) to build Qwen3.5's text model; the CPU venvs have no
-    working torchvision (PyPI's pins a CUDA torch). The KV specs need none of those processors:
-    stand-ins for the processor modules let the import through (torchvision itself stays absent,
-    so transformers still knows it is missing), and the result says so."""
-    import importlib.util
-    import types
-
-    try:
-        if importlib.util.find_spec("torchvision") is not None:
-            import torchvision  # noqa: F401
-            return None
-    except Exception:
-        pass
-
-    class _Meta(type):
-        def __getattr__(cls, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return _Meta(name, (), {"__init__": lambda self, *a, **k: None})
-
-    class _Any(types.ModuleType):
-        def __getattr__(self, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return _Meta(name, (), {"__init__": lambda self, *a, **k: None})
-
-    for name in ("transformers.models.qwen2_vl.image_processing_qwen2_vl",
-                 "transformers.models.qwen2_vl.video_processing_qwen2_vl",
-                 "transformers.models.qwen3_vl.video_processing_qwen3_vl"):
-        module = _Any(name)
-        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-        sys.modules[name] = module
-    return "no torchvision here: transformers' Qwen-VL image/video processor modules stubbed for the import"
 
 
 def quantization_tables() -> dict:
@@ -191,12 +153,11 @@ def main() -> int:
     # vLLM prints to stdout; the JSON answer goes to the real stdout, everything else to stderr
     answer = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    stubbed = _stub_torchvision()
     import vllm
     from vllm.model_executor.models import registry
 
     # vLLM inspects a model class in a subprocess (to keep CUDA out of the parent); there is no
-    # CUDA here, and the stand-ins above live in this process only.
+    # CUDA here. (Qwen3.5 needs torchvision importable: scripts/lib.sh, ensure_vllm_torchvision.)
     registry._run_in_subprocess = lambda fn: fn()
 
     results = []
@@ -211,8 +172,6 @@ def main() -> int:
                       "where": f"{os.path.basename(last.filename)}:{last.lineno}"}
         result["id"] = case.get("id")
         result["vllm_version"] = vllm.__version__
-        if stubbed:
-            result["note"] = stubbed
         results.append(result)
     answer.write(json.dumps(results) + "\n")
     answer.flush()

@@ -21,7 +21,8 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "f
 ATTENTION_KINDS = {"full_attention", "sliding_attention", "chunked_attention"}
 # The layer_types values vLLM 0.31 / 0.32's model files switch on (their `layer_type == ...` tests
 # and decoder-layer tables): a config naming anything else describes a layer vLLM does not have.
-VLLM_LAYER_KINDS = ATTENTION_KINDS | {"linear_attention", "conv", "mamba", "attention", "hybrid", "moe", "sparse"}
+VLLM_LAYER_KINDS = ATTENTION_KINDS | {"linear_attention", "conv", "mamba", "attention", "hybrid", "moe", "sparse",
+                                      "mlp"}
 
 
 class Unmodelled(Exception):
@@ -202,6 +203,46 @@ def short_conv(c: dict) -> list[Layer]:
 MAMBA2_NAMES = {"mamba", "linear_attention"}
 
 
+def _mamba2_state(heads: int, head_dim: int, groups: int, state_size: int, conv_kernel: int) -> tuple:
+    """MambaStateShapeCalculator.mamba2_state_shape: conv (kernel - 1, inner + 2 x groups x state),
+    SSM (heads, head_dim, state)."""
+    conv = heads * head_dim + 2 * groups * state_size
+    return (((conv_kernel - 1, conv), "conv"), ((heads, head_dim, state_size), "ssm"))
+
+
+NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+
+
+def nemotron_h(c: dict) -> list[Layer]:
+    """nemotron_h.py: hybrid_override_pattern (transformers 5: layers_block_type) names each layer:
+    'M' a Mamba-2 mixer (MambaMixer2, inner mamba_num_heads x mamba_head_dim), '*' attention, '-' MLP
+    and 'E' MoE layers with no cache. The 0.32 Mamba-2 prefill checkpoint block applies (MambaMixer2)."""
+    pattern = c.get("hybrid_override_pattern")
+    if isinstance(pattern, str):
+        odd = sorted(set(pattern) - set(NEMOTRON_H_PATTERN))
+        if odd:
+            raise UsageError(f"config: hybrid_override_pattern names {odd[0]!r}, a layer kind vLLM's nemotron_h.py "
+                             f"does not have (it knows {''.join(NEMOTRON_H_PATTERN)})")
+        types = [NEMOTRON_H_PATTERN[ch] for ch in pattern]
+    else:
+        types = c.get("layers_block_type") or c.get("layer_types")
+        if not types:
+            raise UsageError("config: nemotron_h needs 'hybrid_override_pattern' or 'layers_block_type'")
+        types = _layer_types({**c, "layer_types": types, "num_hidden_layers": len(types)}, lambda i: "")
+    state = _mamba2_state(int(c["mamba_num_heads"]), int(c["mamba_head_dim"]),
+                          int(c.get("n_groups") or c.get("mamba_n_groups") or 8), int(c["ssm_state_size"]),
+                          int(c.get("conv_kernel") or c.get("mamba_d_conv") or 4))
+    out = []
+    for t in types:
+        if t in ("linear_attention", "mamba"):
+            out.append(Layer("mamba", state=state, extra_pages=1))
+        elif t in ("full_attention", "attention"):
+            out.append(_attention(c, "full_attention"))
+        elif t not in ("mlp", "moe"):
+            raise Unmodelled(f"nemotron_h: layer kind {t!r} is not one the plan models")
+    return out
+
+
 def mamba2_hybrid(c: dict) -> list[Layer]:
     """granitemoehybrid.py: Mamba-2 layers (conv + SSM state, mamba2_state_shape) beside attention.
     In 0.32 a Mamba-2 layer keeps one more prefill checkpoint block in align mode."""
@@ -234,12 +275,11 @@ FAMILIES: dict[str, Callable[[dict], list[Layer]]] = {
     "olmo3": interleaved(4), "gpt_oss": gpt_oss, "gemma4_text": gemma4, "gemma4": gemma4,
     "qwen3_next": gated_deltanet, "qwen3_5_text": gated_deltanet, "qwen3_5": gated_deltanet,
     "qwen3_5_moe_text": gated_deltanet, "qwen3_5_moe": gated_deltanet,
-    "lfm2": short_conv, "granitemoehybrid": mamba2_hybrid,
+    "lfm2": short_conv, "granitemoehybrid": mamba2_hybrid, "nemotron_h": nemotron_h,
     "deepseek_v2": mla, "deepseek_v3": mla,
 }
 # Layer kinds of families not modelled (their own layer_types or fields), named so the plan says why.
-UNMODELLED_SIGNS = {"nemotron_h": "Mamba-2 / attention / MLP hybrid (nemotron_h)",
-                    "falcon_h1": "parallel attention + Mamba-2 layers (falcon_h1)",
+UNMODELLED_SIGNS = {"falcon_h1": "parallel attention + Mamba-2 layers (falcon_h1)",
                     "jamba": "Mamba-1 hybrid (jamba)", "lfm2_moe": "short-conv MoE (lfm2_moe)",
                     "olmo_hybrid": "OLMo hybrid", "llama4_text": "chunked local attention with NoPE layers (llama4)",
                     "llama4": "chunked local attention with NoPE layers (llama4)",

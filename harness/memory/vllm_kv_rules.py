@@ -46,6 +46,11 @@ def cpu_refusal(config: dict, version: tuple[int, int, int]) -> str:
     if width and c.get("model_type") == "lfm2" and int(c.get("conv_L_cache") or width) != width:
         return (f"vLLM {version[0]}.{version[1]}'s CPU short-conv kernel refuses LFM2's conv_L_cache "
                 f"{c.get('conv_L_cache')} ('causal_conv1d_weight_pack: support only width of {width}')")
+    if c.get("model_type") == "nemotron_h" and ("E" in str(c.get("hybrid_override_pattern") or "")
+                                                or "moe" in (c.get("layers_block_type") or [])):
+        # fused_moe/config.py, 0.31 and 0.32: Nemotron-H's experts are a non-gated relu2 MLP
+        return (f"vLLM {version[0]}.{version[1]}'s CPU build refuses Nemotron-H's MoE layers "
+                "('is_act_and_mul=False is supported only for CUDA, XPU and ROCm for now')")
     return ""
 
 
