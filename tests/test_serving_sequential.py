@@ -99,3 +99,33 @@ def test_a_metric_missing_on_one_side_is_undecided_and_on_both_not_gated():
     for _ in range(3):
         gate.add_block({"server_metrics": {"ttft_mean_ms": 5.0}}, {"server_metrics": None})
     assert gate.calls["server_ttft_mean"].decision == gm.UNDECIDED and "candidate" in gate.calls["server_ttft_mean"].needs
+
+
+def test_a_budget_spent_before_the_planned_first_look_still_looks_once():
+    # a noise model put the first look at block 20; the budget ends the gate after 12 blocks of a
+    # server five times slower (the must-show's throughput cut ended UNDECIDED this way before)
+    rule = seq.Rule(max_blocks=20, first_look=20)
+    rng = random.Random(5)
+    gate = seq.SequentialGate(rule, metrics=(TTFT,))
+    for _ in range(12):
+        a = 50 * math.exp(rng.gauss(0, 0.1))
+        gate.add_block({"ttft_ms": {"p50": a}}, {"ttft_ms": {"p50": a * 5 * math.exp(rng.gauss(0, 0.1))}})
+    assert gate.verdict == gm.UNDECIDED  # no planned look yet
+    assert gate.early_look() and gate.verdict == gm.REGRESSED and gate.calls["ttft_p50"].decided_at == 12
+    # the early look is a planned first look at block 12: as strict as a rule with more looks
+    early = seq.Rule(max_blocks=20, first_look=12)
+    assert early.looks > rule.looks and early.t_look(11) > rule.t_look(11)
+    # an A/A gate's early look at the same point is never called a regression here
+    regressed = 0
+    for _ in range(300):
+        gate = seq.SequentialGate(rule, metrics=(TTFT,))
+        for _ in range(12):
+            a = 50 * math.exp(rng.gauss(0, 0.1))
+            gate.add_block({"ttft_ms": {"p50": a}}, {"ttft_ms": {"p50": a * math.exp(rng.gauss(0, 0.1))}})
+        gate.early_look()
+        regressed += gate.verdict == gm.REGRESSED
+    assert regressed <= 2
+    # before min_blocks there is no look to take
+    gate = seq.SequentialGate(rule, metrics=(TTFT,))
+    gate.add_block({"ttft_ms": {"p50": 50.0}}, {"ttft_ms": {"p50": 250.0}})
+    assert not gate.early_look() and gate.verdict == gm.UNDECIDED

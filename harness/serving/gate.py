@@ -11,10 +11,12 @@ look (noise.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .. import __version__
 from . import gate_metrics as gm
@@ -50,6 +52,9 @@ class GateConfig:
     noise_model: Path | None = None
     out: Path | None = None
     quiet: bool = False
+    # one server at a time: called (in a thread) before a side is measured, returns its (base URL,
+    # environment) once that side's server is up and the other's torn down (gate_servers.Servers.up)
+    bring_up: Callable[[str], tuple[str, dict]] | None = None
 
 
 @dataclass
@@ -62,6 +67,8 @@ class GateResult:
     order: list[str]
     behaviours: list[str]
     noise_note: str = ""
+    servers_note: str = ""
+    server_starts: list[dict] = field(default_factory=list)
 
     def to_json(self, undecided: str = "fail") -> dict:
         return {"kind": "harness-gate", "version": __version__, "verdict": self.verdict,
@@ -71,7 +78,7 @@ class GateResult:
                          "max_blocks": self.gate.rule.max_blocks, "first_look": self.gate.rule.start,
                          "looks": self.gate.rule.looks},
                 "calls": [c.to_json() for c in self.gate.calls.values()], "behaviours": self.behaviours,
-                "noise_model": self.noise_note}
+                "noise_model": self.noise_note, "servers": self.servers_note, "server_starts": self.server_starts}
 
 
 @dataclass
@@ -125,23 +132,38 @@ def _behaviours(runs: dict[str, list[dict]]) -> list[str]:
     return notes
 
 
+async def _bring_up(session, cfg: GateConfig, prepared: dict, name: str) -> None:
+    """One server at a time: have `name`'s server up (started, the other torn down) and point its
+    side at it; the prompts are built once per side, on its first start."""
+    if cfg.bring_up is None:
+        return
+    url, environment = await asyncio.to_thread(cfg.bring_up, name)
+    side = getattr(cfg, name)
+    side.target = dataclasses.replace(side.target, base_url=url)
+    side.environment = side.environment or environment
+    if name not in prepared:
+        prepared[name] = await _prepare(session, cfg, side)
+    prepared[name].cfg.target = side.target
+
+
 async def run_gate_async(cfg: GateConfig) -> GateResult:
     started = time.monotonic()
     session = make_session()
     runs: dict[str, list[dict]] = {s: [] for s in SIDES}
     order: list[str] = []
     try:
-        prepared = {s: await _prepare(session, cfg, getattr(cfg, s)) for s in SIDES}
+        prepared = {} if cfg.bring_up else {s: await _prepare(session, cfg, getattr(cfg, s)) for s in SIDES}
         gate = SequentialGate(cfg.rule, dict(cfg.thresholds))
         stopped_by, block_s = "max-blocks", 0.0
         while not gate.done():
             if cfg.budget_s is not None and time.monotonic() - started + block_s > cfg.budget_s:
-                stopped_by = "budget"
+                stopped_by = "budget" + (" (one look at the blocks in hand)" if gate.early_look() else "")
                 break
             t0 = time.monotonic()
             sides = SIDES if gate.blocks % 2 == 0 else SIDES[::-1]  # A B, B A, ...
             block = {}
             for s in sides:
+                await _bring_up(session, cfg, prepared, s)
                 block[s] = await _measure(session, prepared[s], gate.blocks, cfg.concurrency)
                 runs[s].append(block[s])
             order.append("".join("A" if s == "baseline" else "B" for s in sides))
@@ -170,7 +192,7 @@ async def run_gate_async(cfg: GateConfig) -> GateResult:
 
 def _write_sides(cfg: GateConfig, prepared: dict, runs: dict) -> None:
     """Each side's runs as a bench results file beside --out, for `compare` and `report`."""
-    for s in SIDES:
+    for s in (s for s in SIDES if s in prepared):
         data = runner._results_skeleton(prepared[s].cfg, prepared[s].info, prepared[s].tokenizer)
         data["runs"], data["complete"], data["valid"], data["invalid_reasons"] = runs[s], True, True, []
         results.write_atomic(side_path(cfg.out, s), data)
@@ -202,6 +224,8 @@ def format_table(result: GateResult) -> str:
              f"(first look at block {rule.start}); stopped: {result.stopped_by}; {result.wall_s:.0f} s"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines += result.behaviours
+    if result.servers_note:
+        lines.append(result.servers_note + (f"; {len(result.server_starts)} starts" if result.server_starts else ""))
     if result.noise_note:
         lines.append(result.noise_note)
     return "\n".join(lines)
