@@ -28,17 +28,21 @@ def work_unit(nodeid: str) -> str:
     return "/".join(parts[:2]) if parts[0] == "suites" and len(parts) > 2 else path
 
 
-# The units that take longest, in seconds (a run of scripts/test on the 2-core CI machine, 3 workers, fresh
-# model cache, 2026-12-03, setup included): they are collected first, longest first, and xdist hands units
-# out in collection order, so that no worker starts a long unit while the others have finished. A unit
-# missing here only loses its place in the queue.
+# The units that take longest, in seconds: the fresh-clone scripts/test at 5bb48b0 on the 2-core box (2
+# workers, 2026-12-05), the tests' call time plus the set-up its logs show (suites/quant: the LoRA chain,
+# llm-compressor and logits processes, ~75 s; a fixture's vLLM start, ~20 s: suites/serving's real-model
+# file, test_serving_vocab). They are collected first, longest first, and xdist hands units out in
+# collection order, so that no worker starts a long unit while the others have finished. A unit missing
+# here only loses its place in the queue.
 LONGEST = {
-    "suites/quant": 215, "suites/modeldir": 148, "tests/test_serving_vocab.py": 93, "tests/test_gguf_dir.py": 64,
-    "tests/test_fleet_ray.py": 54, "tests/test_vllm_plan_cpu.py": 47, "tests/test_drift.py": 43,
-    "tests/test_explain_launcher.py": 38, "tests/test_foundation_plugin.py": 37, "tests/test_report_browser.py": 32,
-    "tests/test_pickle_differentials.py": 31, "suites/nan": 30, "tests/test_fleet_node_run.py": 30,
-    "tests/test_docs.py": 26, "tests/test_hw_bnb.py": 23, "tests/test_serving_cli.py": 21,
-    "tests/test_fleet_xdist.py": 19, "tests/test_estimate_cli.py": 17, "tests/test_modeldir_paths.py": 17,
+    "suites/quant": 115, "tests/test_vllm_plan_cpu.py": 78, "tests/test_replay_limits.py": 72, "suites/modeldir": 60,
+    "suites/serving": 40, "tests/test_step_trace.py": 38, "tests/test_gguf_dir.py": 32, "tests/test_serving_vocab.py": 30,
+    "tests/test_hw_readiness.py": 29, "tests/test_fleet_ray.py": 29, "tests/test_report_paths.py": 27,
+    "tests/test_serving_gate_cmd.py": 26, "tests/test_estimate_uncertainty.py": 26, "tests/test_drift.py": 25,
+    "tests/test_docs.py": 24, "tests/test_explain_launcher.py": 22, "tests/test_report_browser.py": 22,
+    "tests/test_serving_cli.py": 21, "tests/test_foundation_plugin.py": 18, "suites/nan": 15,
+    "tests/test_vllm_plan_layouts.py": 14, "tests/test_estimate_cache_layout.py": 13, "tests/test_estimate_cli.py": 12,
+    "tests/test_pickle_differentials.py": 12, "tests/test_fleet_node_run.py": 11,
 }
 
 
@@ -49,10 +53,21 @@ def queue_order(units) -> list[str]:
     return sorted(units, key=lambda u: (not u.startswith("suites/") and u not in LONGEST, -LONGEST.get(u, 0), order[u]))
 
 
+UNITS_FIRST = "harness_longest_units_first"  # in xdist's workerinput: the controller runs loadscope
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist sets a worker's own --dist to "no" before it collects: the controller tells it instead."""
+    node.workerinput[UNITS_FIRST] = node.config.getvalue("dist") == "loadscope"
+
+
 def pytest_collection_modifyitems(config, items):
     """Under xdist's loadscope, the items in queue_order of their units (every worker collects the
-    same order; the scheduler queues units as it first meets them)."""
-    if config.getvalue("dist") != "loadscope":
+    same order; the scheduler queues units as it first meets them). It is the workers' collection
+    that the scheduler reads."""
+    worker = getattr(config, "workerinput", None)
+    if not (worker.get(UNITS_FIRST) if worker is not None else config.getvalue("dist") == "loadscope"):
         return
     units = list(dict.fromkeys(work_unit(item.nodeid) for item in items))
     rank = {unit: i for i, unit in enumerate(queue_order(units))}
