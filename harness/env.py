@@ -10,6 +10,7 @@ import importlib.metadata
 import json
 import os
 import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -142,7 +143,38 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def probe_torch() -> TorchProbe:
+def torch_build_file() -> tuple[str, str | None] | None:
+    """(torch.__version__, torch.version.cuda) as torch's own generated torch/version.py states them,
+    read without importing torch (about 1.5 s of CPU in every process); None when the file is not
+    there or not as torch writes it."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        folder = spec and spec.submodule_search_locations and spec.submodule_search_locations[0]
+        tree = ast.parse((Path(folder) / "version.py").read_text()) if folder else None
+    except (ImportError, OSError, SyntaxError, ValueError):
+        return None
+    values = {}
+    for node in tree.body if tree else []:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+            values[target.id] = node.value.value
+    version, cuda = values.get("__version__"), values.get("cuda", "?")
+    return (version, cuda) if isinstance(version, str) and (cuda is None or isinstance(cuda, str)) else None
+
+
+def probe_torch(gpu_evidence: bool = True) -> TorchProbe:
+    """torch's version and build; with a CUDA build, what CUDA reports. A CPU-only build on a machine
+    with no trace of an NVIDIA GPU or driver (gpu_evidence False) is read from torch/version.py and
+    not imported: nothing else there is to probe, and every test run (each pytest process) starts
+    faster; a torch that would fail to import there fails at its first use instead. Everywhere else
+    torch is imported and an import failure is reported here."""
+    if not gpu_evidence and "torch" not in sys.modules:
+        build = torch_build_file()
+        if build is not None and build[1] is None:
+            return TorchProbe(build[0])
     try:
         import torch
     except Exception as exc:
@@ -229,13 +261,14 @@ DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/nvidia0")
 
 
 def probe_environment(vllm_python: str | Path | None = None) -> Environment:
+    nvml, driver_evidence, pci_gpus = probe_nvml(), [p for p in DRIVER_FILES if os.path.exists(p)], nvidia_gpus()
     return Environment(
-        nvml=probe_nvml(),
-        torch=probe_torch(),
+        nvml=nvml,
+        torch=probe_torch(gpu_evidence=nvml.available or bool(driver_evidence) or pci_gpus is None or bool(pci_gpus)),
         packages=probe_packages(),
         vllm=probe_vllm(vllm_python),
-        driver_evidence=[p for p in DRIVER_FILES if os.path.exists(p)],
-        pci_gpus=nvidia_gpus(),
+        driver_evidence=driver_evidence,
+        pci_gpus=pci_gpus,
     )
 
 

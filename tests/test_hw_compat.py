@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness import env as env_mod
@@ -51,6 +53,23 @@ def test_driver_that_sees_no_gpu_says_reseat():
 
 
 # ---- CPU-only torch -------------------------------------------------------------------------------
+
+def test_a_gpu_less_box_reads_torchs_build_without_importing_it():
+    """torch/version.py read as torch wrote it gives what the import gives (the file beside the
+    import, in a fresh interpreter, so that nothing imported torch before)."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from harness import env; light = env.probe_torch(gpu_evidence=False); "
+            "imported = 'torch' in sys.modules; import torch; "
+            "print(json.dumps([light.version, light.cuda_build, imported, str(torch.__version__), torch.version.cuda]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    version, cuda, imported, real_version, real_cuda = json.loads(out.strip().splitlines()[-1])
+    if real_cuda is not None:
+        assert (version, cuda) == (real_version, real_cuda)  # a CUDA build is imported and probed
+        return
+    assert (version, cuda, imported) == (real_version, None, False)
+
 
 def test_this_machines_cpu_only_torch_is_named_when_a_driver_is_present():
     t = env_mod.probe_torch()  # the real probe: this machine runs a CPU-only build
