@@ -44,7 +44,8 @@ def copy_tokenizer(dst: Path) -> None:
     for name in TOKENIZER_FILES:
         if (tiny / name).is_file():
             shutil.copy(tiny / name, dst / name)
-    vocab_size = json.loads((dst / "config.json").read_text())["vocab_size"]
+    config = json.loads((dst / "config.json").read_text())
+    vocab_size = config.get("vocab_size") or config["text_config"]["vocab_size"]
     spec = json.loads((dst / "tokenizer.json").read_text())
     taken = set(spec["model"]["vocab"].values()) | {t["id"] for t in spec.get("added_tokens", [])}
     start = max(taken) + 1

@@ -118,7 +118,11 @@ def healthy(port: int) -> bool:
         return False
 
 
-def start_once(sid: str, model_dir: Path, flags: dict, serve: bool, log_dir: Path, timeout_s: float) -> dict:
+GRAPHS_DONE = re.compile(r"Graph capturing finished in\s*[\d.]+\s*secs?, took\s*([-\d.]+)\s*GiB")
+
+
+def start_once(sid: str, model_dir: Path, flags: dict, serve: bool, log_dir: Path, timeout_s: float,
+               wait_graphs: bool = False) -> dict:
     port = free_port()
     log_path = log_dir / f"{sid}.log"
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
@@ -136,9 +140,9 @@ def start_once(sid: str, model_dir: Path, flags: dict, serve: bool, log_dir: Pat
             text = log_path.read_text(errors="replace")
             if sized_s is None and KV_SIZED.search(text):
                 sized_s = round(time.monotonic() - started, 1)
-                if not serve:
-                    outcome = "started"
-                    break
+            if sized_s is not None and not serve and (not wait_graphs or GRAPHS_DONE.search(text)):
+                outcome = "started"
+                break
             if serve and sized_s is not None and healthy(port):
                 outcome = "started"
                 probe = token_probe(port, model_dir, log_dir / f"{sid}-probe.json")
@@ -149,6 +153,8 @@ def start_once(sid: str, model_dir: Path, flags: dict, serve: bool, log_dir: Pat
             time.sleep(0.25)
     finally:
         seconds = round(time.monotonic() - started, 1)
+        if outcome == "timeout" and sized_s is not None and not serve:
+            outcome = "started"  # the KV cache was sized; graph capture did not end in time
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -202,7 +208,8 @@ def startup_record(sid: str, model_dir: Path, flags: dict, serve: bool, outcome:
         "logged": {"vllm_version": info.version, "kv_cache_tokens": info.kv_cache_tokens,
                    "max_concurrency": info.max_concurrency, "max_concurrency_at_tokens": info.max_concurrency_at_tokens,
                    "kv_cache_memory_gib": info.kv_cache_memory_gib,
-                   "model_loading_gib": float(loading.group(1)) if loading else None},
+                   "model_loading_gib": float(loading.group(1)) if loading else None,
+                   "cuda_graph_gib": float(graphs.group(1)) if (graphs := GRAPHS_DONE.search(text)) else None},
         "cause": log_cause(text) if outcome != "started" else "",
         "key_lines": [line.strip()[:400] for line in text.splitlines() if KEY_LINE.search(line)
                       and (" DEBUG " not in line or _DEBUG_KEPT.search(line))][:80],
@@ -213,6 +220,35 @@ def append(out: Path, rec: dict) -> None:
     records = json.loads(out.read_text()) if out.is_file() else []
     records.append(rec)
     write_json(out, records, indent=1)
+
+
+def ensure_config_only(models_dir: Path, name: str) -> bool:
+    """A reference config with no weights, for `--load-format dummy` (vLLM fills random weights
+    itself: nothing this large is saved or carried), and the test tokenizer grown to its vocabulary."""
+    target = models_dir / name
+    if not (target / "config.json").is_file():
+        from gpu_models import copy_tokenizer
+
+        from harness.models import reference_config_path
+
+        target.mkdir(parents=True, exist_ok=True)
+        config = json.loads(reference_config_path(name).read_text())
+        config.pop("quantization_config", None)  # bf16 dummy weights; a quantized layout needs real ones
+        if config.get("model_type") == "qwen3_5_text":  # shipped as the multimodal wrapper (vLLM registers only it)
+            config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+                      "text_config": config, "vision_config": {}, "image_token_id": 248056,
+                      "video_token_id": 248057, "vision_start_token_id": 248053, "vision_end_token_id": 248054,
+                      "tie_word_embeddings": config.get("tie_word_embeddings", False)}
+        write_json(target / "config.json", config, indent=1)
+        copy_tokenizer(target)
+    return (target / "config.json").is_file()
+
+
+def settings_from(path: Path) -> dict:
+    """A job set kept as data: {"settings": {id: [model, {vLLM flag: value}]}}; a model named with
+    "config-only" is a reference config started with dummy weights."""
+    data = json.loads(path.read_text())
+    return {sid: (model, flags) for sid, (model, flags) in data["settings"].items()}
 
 
 def ensure_model(models_dir: Path, name: str) -> bool:
@@ -239,10 +275,14 @@ def main() -> int:
     parser.add_argument("--group", choices=("eager", "graphs"), help="only the eager or only the CUDA-graph settings")
     parser.add_argument("--time-limit-s", type=float, default=540, help="start no setting after this many seconds")
     parser.add_argument("--start-timeout-s", type=float, default=240)
+    parser.add_argument("--settings", type=Path, help="a job set kept as data (settings_from) instead of SETTINGS")
+    parser.add_argument("--wait-graphs", action="store_true",
+                        help="after the KV cache is sized, wait for CUDA graph capture (its memory is logged)")
     args = parser.parse_args()
-    ids = args.only.split(",") if args.only else [i for i in SETTINGS if i not in SERVED]
+    settings = settings_from(args.settings) if args.settings else SETTINGS
+    ids = args.only.split(",") if args.only else [i for i in settings if i not in SERVED]
     if args.group:
-        ids = [i for i in ids if SETTINGS[i][1].get("enforce_eager", False) == (args.group == "eager")]
+        ids = [i for i in ids if settings[i][1].get("enforce_eager", False) == (args.group == "eager")]
     out = Path(args.out)
     log_dir = out.parent / "startup-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -252,14 +292,15 @@ def main() -> int:
         if left < 45:
             print(f"{sid}: skipped, {left:.0f} s left", flush=True)
             continue
-        model, flags = SETTINGS[sid]
+        model, flags = settings[sid]
         if model == W4A16 and (Path(args.models) / GPTQ / "config.json").is_file():
             model = GPTQ  # the quantize chain's own output, when it ran
-        if not ensure_model(Path(args.models), model):
+        config_only = flags.get("load_format") == "dummy"
+        if not (ensure_config_only if config_only else ensure_model)(Path(args.models), model):
             print(f"{sid}: skipped, no {model} (its build did not run or failed)", flush=True)
             continue
         rec = start_once(sid, Path(args.models) / model, flags, sid in SERVED, log_dir,
-                         min(args.start_timeout_s, left - 5))
+                         min(args.start_timeout_s, left - 5), args.wait_graphs and not flags.get("enforce_eager"))
         append(out, rec)
         lg = rec["logged"]
         probe = rec.get("token_probe")
