@@ -263,6 +263,20 @@ def mamba2_hybrid(c: dict) -> list[Layer]:
     return out
 
 
+def llama4(c: dict) -> list[Layer]:
+    """llama4.py: a RoPE layer (no_rope_layers[i] == 1) uses ChunkedLocalAttention when the config has
+    an attention_chunk_size, a NoPE layer (0) full attention. The defaults are transformers'
+    Llama4TextConfig's: a NoPE layer every no_rope_layer_interval (4) layers, chunks of 8192."""
+    n = int(c["num_hidden_layers"])
+    interval = int(c.get("no_rope_layer_interval") or 4)
+    rope = c.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+    if len(rope) < n:
+        raise UsageError(f"config: no_rope_layers has {len(rope)} entries but num_hidden_layers is {n}")
+    chunk = c["attention_chunk_size"] if "attention_chunk_size" in c else 8192
+    return [_attention({**c, "attention_chunk_size": chunk}, "chunked_attention" if chunk and rope[i] else
+                       "full_attention") for i in range(n)]
+
+
 def mla(c: dict) -> list[Layer]:
     """deepseek_v2.py: multi-head latent attention caches one latent of kv_lora_rank +
     qk_rope_head_dim per token and layer (MLAAttentionSpec, one 'head', no separate V)."""
@@ -276,13 +290,12 @@ FAMILIES: dict[str, Callable[[dict], list[Layer]]] = {
     "qwen3_next": gated_deltanet, "qwen3_5_text": gated_deltanet, "qwen3_5": gated_deltanet,
     "qwen3_5_moe_text": gated_deltanet, "qwen3_5_moe": gated_deltanet,
     "lfm2": short_conv, "granitemoehybrid": mamba2_hybrid, "nemotron_h": nemotron_h,
-    "deepseek_v2": mla, "deepseek_v3": mla,
+    "deepseek_v2": mla, "deepseek_v3": mla, "llama4_text": llama4, "llama4": llama4,
 }
 # Layer kinds of families not modelled (their own layer_types or fields), named so the plan says why.
 UNMODELLED_SIGNS = {"falcon_h1": "parallel attention + Mamba-2 layers (falcon_h1)",
                     "jamba": "Mamba-1 hybrid (jamba)", "lfm2_moe": "short-conv MoE (lfm2_moe)",
-                    "olmo_hybrid": "OLMo hybrid", "llama4_text": "chunked local attention with NoPE layers (llama4)",
-                    "llama4": "chunked local attention with NoPE layers (llama4)",
+                    "olmo_hybrid": "OLMo hybrid",
                     "deepseek_v32": "sparse MLA with an indexer (deepseek_v32)",
                     "deepseek_v4": "DeepSeek-V4 compressed attention"}
 SPECIAL_FIELDS = ("kv_lora_rank", "mamba_n_heads", "mamba_d_state", "linear_num_value_heads", "conv_L_cache",
