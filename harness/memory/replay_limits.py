@@ -158,10 +158,11 @@ ANCHORS = 3
 def synthesized_trace(traced: list[tuple[int, object]], seq_len: int, window: int | None):
     """The StepTrace at seq_len made from ANCHORS traces of other lengths at the same batch, or None
     where they cannot make it: too few, events that differ in kind or order, a size that is not an
-    integer there, or a sliding window between the lengths (a mask appears past it)."""
+    integer there, a sliding window between the lengths (a mask appears past it), or a trace with a
+    size rounded in the length (StepTrace.rounded: not a polynomial, so three lengths do not fix it)."""
     from .step_trace import StepTrace
 
-    if len(traced) < ANCHORS:
+    if len(traced) < ANCHORS or any(t.rounded for _, t in traced):
         return None
     anchors = sorted(traced, key=lambda st: abs(st[0] - seq_len))[:ANCHORS]
     xs = [x for x, _ in anchors]
@@ -217,10 +218,12 @@ def _quiet():
 
 def replay_unavailable() -> str | None:
     """Which of the tracer's libraries this machine lacks, or None when it has them all."""
-    for module in ("transformers", "peft", "bitsandbytes"):
+    from .step_trace import import_bitsandbytes
+
+    for module in ("transformers", "bitsandbytes", "peft"):
         try:
             with _quiet():
-                __import__(module)
+                import_bitsandbytes() if module == "bitsandbytes" else __import__(module)
         except Exception as exc:  # noqa: BLE001 - any import failure means no trace
             return f"the replay needs {module}: {type(exc).__name__}: {exc}"
     return None

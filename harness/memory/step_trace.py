@@ -51,6 +51,9 @@ class StepTrace:
 
     events: list[tuple]
     train_at: int  # index of the first event of the first step
+    # an output was sized by the length rounded up (the memory-efficient attention's logsumexp, to
+    # 32 tokens), so other lengths cannot be made from this one (replay_limits.synthesized_trace)
+    rounded: bool = False
 
     @property
     def train_peak_bytes(self) -> int:
@@ -81,6 +84,7 @@ class _Recorder:
         self._stood_for: set[int] = set()  # storages synthetic events stand for
         self._pinned: list = []  # ...kept alive, so no recorded storage takes their id
         self._workspaces: set[bool] | None = None  # threads (backward or not) with a cuBLAS workspace
+        self.rounded = False  # StepTrace.rounded
 
     def workspaces_from_now(self) -> None:
         self._workspaces = set()
@@ -120,6 +124,51 @@ class _Recorder:
             self.free(key)
 
 
+_MEMO = []
+
+
+def _memo():
+    """The process's MetaMemo (harness.memory.meta_memo), shared by its traces."""
+    if not _MEMO:
+        from .meta_memo import MetaMemo
+
+        _MEMO.append(MetaMemo())
+    return _MEMO[0]
+
+
+@contextmanager
+def _frozen_heap():
+    """The objects alive before the trace left out of the garbage collector's passes: the collections
+    after each step (which decide when a storage dies) then scan only the trace's own objects, not
+    the libraries' half a million (0.2 s a pass). Garbage made before holds no storage this trace
+    records; it is collected after, once unfrozen."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def import_bitsandbytes() -> None:
+    """bitsandbytes imported as the tracer needs it. It wraps four of its CPU kernels in torch.compile
+    at import, which imports torch's inductor (0.9 s of CPU); the trace runs meta kernels only, so
+    in a process that has not imported it yet it is imported with torch.compile handing the function
+    back (what bitsandbytes itself falls back to when compiling fails). peft imports it too: this
+    goes first."""
+    import sys
+
+    import torch
+
+    if "bitsandbytes" in sys.modules:
+        return
+    compile_ = torch.compile
+    torch.compile = lambda fn=None, **_kw: fn if fn is not None else (lambda f: f)
+    try:
+        import bitsandbytes  # noqa: F401
+    finally:
+        torch.compile = compile_
+
+
 def _dispatch_mode(rec: _Recorder):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -127,9 +176,11 @@ def _dispatch_mode(rec: _Recorder):
 
     gemm_4bit = getattr(getattr(torch.ops, "bitsandbytes", None), "gemm_4bit", None)
     aten = torch.ops.aten
+    memo = _memo()
     matmuls = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default}
     if gemm_4bit is not None:
         matmuls.add(gemm_4bit.default)
+    efficient = aten._scaled_dot_product_efficient_attention.default  # its logsumexp: ceil(length / 32) * 32
 
     class Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -138,7 +189,7 @@ def _dispatch_mode(rec: _Recorder):
                 # data-dependent branches on meta take the common case: no packed sequences, step 1
                 return True if args[0].dtype == torch.bool else 1
             temps = _gemm_4bit_temps(rec, *args, **kwargs) if gemm_4bit is not None and func is gemm_4bit.default else []
-            out = func(*args, **kwargs)
+            out = memo.call(func, args, kwargs)
             made = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.device.type == "meta"]
             if func is torch.ops.aten.native_dropout.default:
                 made.reverse()  # CUDA's fused dropout makes its bool mask first
@@ -148,6 +199,8 @@ def _dispatch_mode(rec: _Recorder):
                 rec.after_matmul(torch._C._current_autograd_node() is not None)
             if func is torch.ops.aten._safe_softmax.default:
                 temps = _safe_softmax_temps(rec, args[0], args[1])
+            if func is efficient:
+                rec.rounded = True
             for key in temps:
                 rec.free(key)
             return out
@@ -408,12 +461,21 @@ def trace_training_step(config: dict, query, attention: str = "sdpa", steps: int
     optimizer = optimizer_name(query.optimizer)
     quant_type = query.precision.partition("-")[0]
     try:
-        import bitsandbytes  # noqa: F401
+        import_bitsandbytes()
     except Exception as exc:  # noqa: BLE001 - any import failure means no 4-bit trace
         raise UnsupportedError(f"tracing {query.precision} needs bitsandbytes: {exc}") from None
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    import peft  # noqa: F401 - imported before the heap is frozen
 
     say = progress or (lambda _msg: None)
+    with _frozen_heap():
+        return _traced(config, query, attention, steps, context_probe, say, optimizer, quant_type)
+
+
+def _traced(config: dict, query, attention: str, steps: int, context_probe: bool, say, optimizer: str,
+            quant_type: str) -> StepTrace:
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
     model = _meta_model(config, attention, torch.bfloat16)
     rec = _Recorder()
     targets = tuple(query.lora_targets)
@@ -441,7 +503,7 @@ def trace_training_step(config: dict, query, attention: str = "sdpa", steps: int
             opt.zero_grad(set_to_none=True)
             del out
             gc.collect()
-    return StepTrace(rec.events, train_at)
+    return StepTrace(rec.events, train_at, rec.rounded)
 
 
 # The margin the replay keeps under the cap for what the trace does not see (the autograd engine's

@@ -56,7 +56,7 @@ def load(rk: str, seq_len: int, batch: int):
 
     try:
         data = json.loads(gzip.decompress(_path(rk, seq_len, batch).read_bytes()))
-        return StepTrace([tuple(e) for e in data["events"]], int(data["train_at"]))
+        return StepTrace([tuple(e) for e in data["events"]], int(data["train_at"]), bool(data.get("rounded", False)))
     except (OSError, ValueError, KeyError, TypeError, EOFError):
         return None
 
@@ -66,7 +66,8 @@ def save(rk: str, seq_len: int, batch: int, trace) -> None:
     path = _path(rk, seq_len, batch)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        blob = gzip.compress(json.dumps({"events": trace.events, "train_at": trace.train_at}).encode(), 3)
+        blob = gzip.compress(json.dumps({"events": trace.events, "train_at": trace.train_at,
+                                         "rounded": trace.rounded}).encode(), 3)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trace-")
         with os.fdopen(fd, "wb") as fh:
             fh.write(blob)
