@@ -1,9 +1,11 @@
-"""How long `plan --train` takes (wall and CPU): before (every setting traced, no trace cache), after
-(three lengths traced, the rest made from them: replay_limits.synthesized_trace; a fresh trace cache)
-and again at another budget (the traces from the cache: trace_cache); and whether the limits at the
-recipe's budget are the same. Each run in a fresh process.
+"""How long `plan --train` takes, in CPU seconds (the figure to read on a shared box) and wall
+seconds, with the load average beside each: the code at --before (a git revision, run from an
+export of its harness/) against the working tree's, each with a cold trace cache; then the working
+tree's again with the cache warm, at the recipe's budget and at another one. Each run is a fresh
+process; its printed plan (stdout) is compared byte for byte with the before run's.
 
-    .venv/bin/python benchmarks/vram/plan_train_time.py [--recipe quickstart|7b|...] [--out FILE.json]
+    .venv/bin/python benchmarks/vram/plan_train_time.py [--recipe quickstart,7b] [--before REV]
+        [--repeat N] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -14,57 +16,89 @@ import os
 import resource
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+from io import BytesIO
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = {
-    # docs/quickstart.md's QLoRA recipe
+    # docs/quickstart.md's QLoRA recipe ("QLoRA on a 6 GB card")
     "quickstart": ["--config", "qwen2.5-1.5b", "--budget", "6GiB", "--train", "--precision", "nf4-dq,bf16",
                    "--lora-targets", "q_proj,k_proj,v_proj,o_proj", "--lora-r", "16", "--optimizer", "paged_adamw_8bit"],
     # docs/vram.md's 7B figure: Mistral-7B attention-only r8
     "7b": ["--config", "mistral-7b-v0.3", "--budget", "6GiB", "--train", "--precision", "nf4-dq,fp4-dq",
            "--lora-targets", "q_proj,k_proj,v_proj,o_proj", "--lora-r", "8"],
 }
-RUN = ("import sys, harness.memory.replay_limits as R; R.ANCHORS = int(sys.argv[1]); "
-       "from harness.__main__ import main; sys.exit(main(sys.argv[2:]))")
 
 
-def timed(args: list[str], anchors: int, cache: str) -> dict:
+def timed(args: list[str], cache: str, cwd: Path) -> dict:
+    """One `python -m harness plan ARGS` in a fresh process: CPU (its own and its children's), wall,
+    the 1-minute load average before and after, what it traced and made, its stdout."""
+    load_before = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", RUN, str(anchors), "plan", *args, "--json"], capture_output=True,
-                       text=True, cwd=REPO, env={**os.environ, "HARNESS_CACHE_DIR": cache})
+    r = subprocess.run([sys.executable, "-m", "harness", "plan", *args], capture_output=True, text=True, cwd=cwd,
+                       env={**os.environ, "HARNESS_CACHE_DIR": cache, "PYTHONPATH": str(cwd)})
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    plans = json.loads(r.stdout)["plans"] if r.stdout.strip().startswith("{") else []
-    traced = sum(1 for line in r.stderr.splitlines() if line.endswith("step 1/3"))
-    return {"wall_s": round(wall, 1), "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
-            "exit": r.returncode, "traced": traced, "made": r.stderr.count("traced lengths"),
-            "cached": r.stderr.count("from the trace cache"),
-            "limits": {p["precision"]: [p["max_seq_len"], p["max_batch"], p["limits_from"]] for p in plans}}
+    return {"cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2),
+            "wall_s": round(wall, 2), "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "exit": r.returncode, "traced": r.stderr.count("step 1/3"), "made": r.stderr.count("traced lengths"),
+            "cached": r.stderr.count("from the trace cache"), "stdout": r.stdout,
+            "verdict": (r.stdout.strip().splitlines() or [""])[-1]}
+
+
+def exported(rev: str, into: Path) -> Path:
+    """harness/ as it was at rev, under `into` (git archive)."""
+    blob = subprocess.run(["git", "archive", rev, "harness"], cwd=REPO, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=BytesIO(blob)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def one_recipe(name: str, before_rev: str | None, repeat: int) -> dict:
+    args = RECIPES[name]
+    budget = args.index("--budget") + 1
+    other = args[:budget] + ["5GiB"] + args[budget + 1:]
+    out: dict = {"args": args, "runs": []}
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            run = {}
+            if before_rev:
+                run["before"] = timed(args, str(tmp / "cache-before"), exported(before_rev, tmp / "before"))
+            run["after"] = timed(args, str(tmp / "cache"), REPO)
+            run["after_warm"] = timed(args, str(tmp / "cache"), REPO)
+            run["after_warm_5GiB"] = timed(other, str(tmp / "cache"), REPO)
+            out["runs"].append(run)
+    first = out["runs"][0]
+    out["same_output"] = all(r["after"]["stdout"] == r["after_warm"]["stdout"] and
+                             (not before_rev or r["before"]["stdout"] == r["after"]["stdout"]) for r in out["runs"])
+    out["summary"] = {label: {"cpu_s": [r[label]["cpu_s"] for r in out["runs"]],
+                              "wall_s": [r[label]["wall_s"] for r in out["runs"]],
+                              "load_1min": [r[label]["load_1min"] for r in out["runs"]],
+                              "traced": first[label]["traced"], "made": first[label]["made"],
+                              "cached": first[label]["cached"]} for label in first}
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="quickstart", help=f"comma list of: {', '.join(RECIPES)}")
+    ap.add_argument("--recipe", default="quickstart,7b", help=f"comma list of: {', '.join(RECIPES)}")
+    ap.add_argument("--before", default=None, help="a git revision to time against (its harness/)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each (the box is shared: CPU s is the figure)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    out = {}
+    out = {"nproc": os.cpu_count(), "recipes": {}}
     for name in args.recipe.split(","):
-        with tempfile.TemporaryDirectory() as cold, tempfile.TemporaryDirectory() as cache:
-            before = timed(RECIPES[name], 10**6, cold)  # never enough anchors: every setting traced
-            after = timed(RECIPES[name], 3, cache)
-            budget = RECIPES[name].index("--budget") + 1
-            other = RECIPES[name][:budget] + ["5GiB"] + RECIPES[name][budget + 1:]
-            again = timed(other, 3, cache)  # another card: the traces it shares come from the cache
-        out[name] = {"before": before, "after": after, "another_budget": again,
-                     "same_limits": before["limits"] == after["limits"]}
-        for label, r in (("before", before), ("after", after), ("after, 5GiB, warm cache", again)):
-            print(f"{name} {label}: {r['wall_s']} s wall, {r['cpu_s']} s CPU, {r['traced']} traced, {r['made']} made "
-                  f"from traces, {r['cached']} from the cache; limits {r['limits']}")
-        print(f"{name}: same limits: {out[name]['same_limits']}")
+        r = out["recipes"][name] = one_recipe(name, args.before, args.repeat)
+        for label, s in r["summary"].items():
+            print(f"{name} {label}: CPU {s['cpu_s']} s, wall {s['wall_s']} s, load (1 min, before/after) "
+                  f"{s['load_1min']}; {s['traced']} traced, {s['made']} made, {s['cached']} from the cache")
+        print(f"{name}: plan output the same before and after, cold and warm: {r['same_output']}; "
+              f"{r['runs'][0]['after']['verdict']}")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
     return 0
