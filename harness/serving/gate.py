@@ -52,7 +52,7 @@ class GateConfig:
     noise_model: Path | None = None
     out: Path | None = None
     quiet: bool = False
-    # one server at a time: called (in a thread) before a side is measured, returns its (base URL,
+    # one server at a time: called before a side is measured, returns its (base URL,
     # environment) once that side's server is up and the other's torn down (gate_servers.Servers.up)
     bring_up: Callable[[str], tuple[str, dict]] | None = None
 
@@ -137,7 +137,10 @@ async def _bring_up(session, cfg: GateConfig, prepared: dict, name: str) -> None
     side at it; the prompts are built once per side, on its first start."""
     if cfg.bring_up is None:
         return
-    url, environment = await asyncio.to_thread(cfg.bring_up, name)
+    # called on the event loop's own (main) thread, blocking it while the server starts: nothing
+    # else runs between runs, and a server forked from the main thread dies with the gate even
+    # when the gate is killed (launcher's PR_SET_PDEATHSIG fires on the forking thread's exit)
+    url, environment = cfg.bring_up(name)
     side = getattr(cfg, name)
     side.target = dataclasses.replace(side.target, base_url=url)
     side.environment = side.environment or environment
