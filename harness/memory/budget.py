@@ -109,8 +109,11 @@ def fit_verdict(planned_bytes: int, budget_bytes: int, context_bytes: int, headr
 
 
 def tight_unverified_text(uncertainty: float, family: str) -> str:
-    return (f"tight: unverified family ({family}: no GPU measurement backs it, and its estimate carries "
-            f"{uncertainty:.1%}, the generic path's worst under-prediction on the measured families, "
+    from .families import UNVERIFIED_MARGIN
+
+    why = ("the generic path's worst under-prediction on the measured families" if uncertainty in UNVERIFIED_MARGIN.values()
+           else "the worst under-prediction measured for it on the H200")
+    return (f"tight: unverified family ({family}: its estimate carries {uncertainty:.1%}, {why}, "
             "so it fits only inside that margin)").replace(".0%", "%")
 
 
