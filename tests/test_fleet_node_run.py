@@ -40,7 +40,9 @@ def test_timeout_stops_the_run_and_keeps_what_finished(tmp_path):
     assert out["state"] == "timed out", out["log_tail"]
     tests = out["results"]["tests"]
     assert [(t["nodeid"].split("::")[-1], t["outcome"]) for t in tests] == [("test_quick", "passed")]
-    assert tests[0]["record"] == {"figure": 42.0} and out["results"]["status"] == "running"
+    # never "finished": killed mid-run ("running", its last snapshot) or stopped in order by a plugin that
+    # takes SIGTERM as an interrupt ("interrupted")
+    assert tests[0]["record"] == {"figure": 42.0} and out["results"]["status"] in ("running", "interrupted")
     assert published and published[-1]["results"]["tests"] == tests  # sent while it ran
     assert not processes_with(f"{RUN_MARKER}=node-run-test-{os.getpid()}"), "pytest or its sleep outlived the timeout"
 
