@@ -179,7 +179,7 @@ def test_the_eager_profile_peak_out_of_sample():
 
 # the GPU holds (a gathered JSON and its raw results); vllm_plan/ also holds the CPU-side results
 HOLDS = {e["name"]: e for e in measurements.entries()
-         if e["name"].startswith("vllm_plan/h200-") and any(f.endswith("-raw.tgz") for f in e["files"])}
+         if e["name"].startswith("vllm_plan/h200-") and any(f.endswith("-raw.tgz") for f in e.get("files", ()))}
 
 
 def _hold(name: str) -> dict:
