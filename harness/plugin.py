@@ -15,6 +15,7 @@ the `harness_run` fixture), never through stash keys.
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -25,6 +26,7 @@ from . import settings as settings_mod
 from .errors import UsageError
 from .plugin_run import MARKERS, RUN_PLUGIN, HarnessRun, run_state  # noqa: F401 (run_state: for conftests)
 from .plugin_xdist import XdistRelay, pytest_cmdline_main, pytest_xdist_auto_num_workers  # noqa: F401 (hooks)
+from .serving.process_group import sigterm_as_interrupt
 
 XDIST_PLUGIN = "harness-xdist"
 FIXTURES_PLUGIN = "harness-fixtures"
@@ -51,9 +53,19 @@ def _fail_unless_asked_model_is_there(config, settings) -> None:
         pytest.exit(f"--model {settings.model} cannot be had: {problem}", returncode=pytest.ExitCode.TESTS_FAILED)
 
 
+def _stop_in_order_on_sigterm(config) -> None:
+    """`timeout` and CI runners stop a run with SIGTERM, which by default ends Python at once: no
+    teardown, no atexit, servers left to their death signal. As KeyboardInterrupt it unwinds the
+    tests and fixtures that started them (a second SIGTERM still kills at once)."""
+    previous = sigterm_as_interrupt()
+    if previous is not None:
+        config.add_cleanup(lambda: signal.signal(signal.SIGTERM, previous))
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-html reads --html
 def pytest_configure(config):
     started = time.time()
+    _stop_in_order_on_sigterm(config)
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     try:

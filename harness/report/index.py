@@ -115,6 +115,8 @@ def _latest_cards(found: list[tuple[Path, dict]]) -> list[html.Verdict]:
                 latest[card.question] = (card, data.get("started") or 0)
     cards = []
     for name, latest in per_machine.items():
+        if not latest:  # only interrupted runs there: nothing but "Did the run finish?"
+            continue
         items = sorted(latest.values(), key=lambda cv: -rank.get(cv[0].state, 0))
         worst = items[0][0].state
         problems = [c for c, _ in items if c.state in ("bad", "warn")]

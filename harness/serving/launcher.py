@@ -1,25 +1,20 @@
 """Start a server process (vLLM from any interpreter, or the stand-in), wait for it, always kill it.
 
 The server runs in its own process group (same session) on 127.0.0.1 and a free port, logging
-to a file. While
-waiting for /health the process is watched: a crash at start raises ServerStartError naming the
-log's cause. On exit the whole group gets SIGTERM, then SIGKILL; an atexit hook does the same for
-anything a crashed caller left behind.
+to a file. While waiting for /health the process is watched: a crash at start raises
+ServerStartError naming the log's cause. The group dies with the harness however it ends
+(process_group.py): on exit it gets SIGTERM, then SIGKILL; killed, a reaper in the group does it.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,9 +23,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import HarnessError
-
-_LIVE_GROUPS: set[int] = set()
-
+from .process_group import STOP_GRACE_S, can_die_with_parent, die_with_parent, stop_group, watch
 
 class ServerStartError(HarnessError):
     """The server exited or never became healthy; the message carries the log's cause."""
@@ -143,7 +136,7 @@ class ServerProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def kill(self, grace_s: float = 10.0) -> None:
+    def kill(self, grace_s: float = STOP_GRACE_S) -> None:
         if self._proc is not None:
             stop_group(self._proc, grace_s)
 
@@ -151,47 +144,6 @@ class ServerProcess:
         """Facts for the results' environment block."""
         return {"flags": self.flags, "startup": self.startup.to_json(), "server_log": str(self.log_path),
                 "server_command": self.command}
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the process group, wait, then SIGKILL it. Safe to call twice."""
-    pgid = proc.pid
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        # the leader is gone; children (vLLM's engine core) may linger in the group
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            break
-    _LIVE_GROUPS.discard(pgid)
-
-
-def _can_die_with_parent() -> bool:
-    # PR_SET_PDEATHSIG fires when the *thread* that forked exits: only safe from the main thread.
-    return sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the harness dies, even by SIGKILL or the
-    OOM killer, where neither the fixture's teardown nor atexit gets to run."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    for pgid in list(_LIVE_GROUPS):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
 
 
 def _healthy(url: str) -> bool:
@@ -225,8 +177,8 @@ def start_process(
         # probe on a 2-core VM), which corrupts every client-side timestamp.
         proc = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **(env or {})}, process_group=0,
-                                preexec_fn=_die_with_parent if _can_die_with_parent() else None)
-    _LIVE_GROUPS.add(proc.pid)
+                                preexec_fn=die_with_parent if can_die_with_parent() else None)
+    watch(proc)
     server = ServerProcess(base_url=base_url, port=port, pid=proc.pid, log_path=log_path, command=list(command), _proc=proc)
     try:
         started = time.monotonic()

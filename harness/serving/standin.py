@@ -32,11 +32,12 @@ import contextlib
 import json
 import os
 import random
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import Iterator
+
+from .process_group import die_with_parent
 
 MODELS = ("standin", "standin-http500", "standin-error-frame", "standin-drop", "standin-no-done", "standin-stall",
           "standin-invisible")
@@ -222,17 +223,6 @@ def make_app(ttft_s: float, interval_s: float, seed: int = 0, tokenize: bool = F
     return app
 
 
-def _die_with_parent() -> None:
-    """A forked server process ends with the one that forked it (Linux: PR_SET_PDEATHSIG), not
-    only when the launcher stops the whole group."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.serving.standin", description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, required=True)
@@ -249,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(1, max(1, args.processes)):
         if os.fork() == 0:
             seed = k
-            _die_with_parent()
+            die_with_parent()  # and the launcher's reaper empties the whole group
             break
     web.run_app(make_app(args.ttft_ms / 1000, args.token_interval_ms / 1000, seed=seed, tokenize=args.tokenize),
                 host="127.0.0.1", port=args.port, reuse_port=args.processes > 1,
