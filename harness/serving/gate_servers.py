@@ -147,8 +147,17 @@ class Servers:
         return server
 
     def _stop(self, side: str) -> None:
-        stack, _ = self._up.pop(side)
+        stack, server = self._up.pop(side)
         stack.close()
+        # the launcher's SIGKILL leaves members dying or unreaped for a moment; the next server
+        # starts only once the memory of this one is free
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(server.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.2)
 
     def open(self) -> None:
         """Start the baseline; in auto mode decide from memory whether the candidate joins it."""
