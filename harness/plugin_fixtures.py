@@ -151,7 +151,7 @@ def vram_budget(settings, device):
     """With --vram-budget on a CUDA device: torch's allocator is capped at budget - CUDA context
     for the test (a real N-GiB card loses the context before torch gets anything), lifted after.
     Yields the BudgetState, or None when no budget was asked for or the device is the CPU."""
-    from .memory.budget import apply_budget, release_budget
+    from .memory.fit.budget import apply_budget, release_budget
 
     if not settings.vram_budget or not str(device).startswith("cuda"):
         yield None

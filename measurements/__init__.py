@@ -112,7 +112,7 @@ def pack(directory: Path, archive: Path, exclude: tuple[str, ...] = ("README.md"
 def summarise(name: str) -> dict:
     """What a packed run holds, recomputed from its raw files: files, rows per kind, the training
     steps that ran out and those that fitted, the environment it ran under."""
-    from harness.memory import families_truth as T
+    from harness.memory.measured import families_truth as T
 
     directory = unpacked(name)
     files = sorted(p for p in directory.rglob("*") if p.is_file())

@@ -56,7 +56,7 @@ def table(header: list[str], rows: list[list]) -> str:
 @functools.cache
 def _matrix(which: str):
     import measurements
-    from harness.memory.matrix import evaluate, load_matrix
+    from harness.memory.measured.matrix import evaluate, load_matrix
 
     rows, env = load_matrix(measurements.matrix_rows(f"vram/{which}"))
     return evaluate(rows, env)
@@ -87,7 +87,7 @@ def vram_matrix() -> str:
 @functools.cache
 def _truth():
     import measurements
-    from harness.memory.train_matrix import HOLDOUT_ARCHS, evaluate_training, load_truth
+    from harness.memory.measured.train_matrix import HOLDOUT_ARCHS, evaluate_training, load_truth
 
     rows, _ = load_truth(measurements.truth_runs())
     return HOLDOUT_ARCHS, evaluate_training(rows)
@@ -142,7 +142,7 @@ def vram_boundary_inline() -> str:
 @functools.cache
 def _families():
     import measurements
-    from harness.memory import families_truth as T
+    from harness.memory.measured import families_truth as T
 
     return T, T.evaluate_families(measurements.families_runs())
 
@@ -216,7 +216,7 @@ def vram_offload() -> str:
 
 @functools.cache
 def _vllm_checks():
-    from harness.memory import vllm_logcheck as L
+    from harness.memory.vllm import vllm_logcheck as L
 
     data = ROOT / "tests" / "data" / "vllm_logs"
     checks = [L.check(r, data) for r in L.load_records(data)]
@@ -247,8 +247,8 @@ def vllm_plan() -> str:
 
 @functools.cache
 def _quant():
-    from harness.memory.estimate import Query, estimate
-    from harness.memory.shape import model_shape
+    from harness.memory.fit.estimate import Query, estimate
+    from harness.memory.fit.shape import model_shape
 
     m = json.loads((ROOT / "measurements/quant/h200-qwen2.5-1.5b.json").read_text())
     run2 = m["run2"]

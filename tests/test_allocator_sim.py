@@ -1,4 +1,4 @@
-"""harness.memory.allocator_sim against segment layouts worked out by hand from
+"""harness.memory.replay.allocator_sim against segment layouts worked out by hand from
 c10/cuda/CUDACachingAllocator.cpp's rules (default settings, one stream) and the address placement in
 its `_va_take`, and against numbers measured with torch 2.11 on an H200."""
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harness.memory.allocator_sim import (
+from harness.memory.replay.allocator_sim import (
     CachingAllocator,
     Replay,
     allocation_size,

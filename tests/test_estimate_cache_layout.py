@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness.errors import UsageError
-from harness.memory.cache_layout import real_cache_bytes
-from harness.memory.estimate import Query, estimate, model_shape
+from harness.memory.fit.cache_layout import real_cache_bytes
+from harness.memory.fit.estimate import Query, estimate, model_shape
 
 from memory_tiny_families import FAMILIES, build, config_dict
 

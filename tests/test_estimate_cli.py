@@ -121,7 +121,7 @@ def test_plan_says_what_fits_on_6gib(capsys):
     assert plans["nf4-dq"]["max_batch"] >= plans["nf4"]["max_batch"] >= 1
     # the plan is consistent with the estimator: the longest context fits, one more token does not
     from harness.commands.model_options import DEFAULT_NEW_TOKENS as new
-    from harness.memory import budget as B, estimate as E
+    from harness.memory.fit import budget as B, estimate as E
 
     shape = E.model_shape("qwen2.5-3b")
     best = plans["nf4"]["max_seq_len"]

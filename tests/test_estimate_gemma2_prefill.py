@@ -9,8 +9,8 @@ import json
 import pytest
 
 import measurements
-from harness.memory.estimate import Query, estimate, model_shape
-from harness.memory.families import at_transformers
+from harness.memory.fit.estimate import Query, estimate, model_shape
+from harness.memory.family.families import at_transformers
 
 
 def _committed_prefill_rows() -> list[dict]:
@@ -38,9 +38,9 @@ def test_eager_prefill_costs_what_the_meta_device_trace_says():
     """The installed transformers runs Gemma-2 eagerly: the scores of one layer at the softmax."""
     import torch
 
-    from harness.memory import step_trace as S
-    from harness.memory.allocator_sim import live_bytes_peak
-    from harness.memory.shape import load_config
+    from harness.memory.replay import step_trace as S
+    from harness.memory.replay.allocator_sim import live_bytes_peak
+    from harness.memory.fit.shape import load_config
 
     shape = model_shape("gemma-2-2b")
     assert shape.traits.attention == "eager"

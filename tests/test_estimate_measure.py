@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.memory.budget import fits, plan
-from harness.memory.estimate import model_shape
+from harness.memory.fit.budget import fits, plan
+from harness.memory.fit.estimate import model_shape
 from harness.errors import UsageError
-from harness.memory.measure import MemoryTracker
+from harness.memory.tracking.measure import MemoryTracker
 
 
 def test_tracker_on_cpu_reports_host_rss_peak():

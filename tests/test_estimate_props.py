@@ -8,7 +8,7 @@ import sys
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from harness.memory import estimate as E
+from harness.memory.fit import estimate as E
 from harness.errors import UsageError
 
 REFS = ["qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "tinyllama-1.1b", "smollm2-1.7b",

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from harness.memory.budget import DEFAULT_CONTEXT_BYTES, default_headroom
-from harness.memory.estimate import Query, estimate, model_shape
-from harness.memory.families import UNVERIFIED_MARGIN
+from harness.memory.fit.budget import DEFAULT_CONTEXT_BYTES, default_headroom
+from harness.memory.fit.estimate import Query, estimate, model_shape
+from harness.memory.family.families import UNVERIFIED_MARGIN
 
 GIB = 2**30
 

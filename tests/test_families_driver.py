@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.memory.budget import default_headroom, fits
-from harness.memory.estimate import estimate
-from harness.memory.lora import resolve_lora_targets
-from harness.memory.shape import model_shape
-from harness.memory.train_matrix import FAMILY_TARGET_SETS, TrainCase
+from harness.memory.fit.budget import default_headroom, fits
+from harness.memory.fit.estimate import estimate
+from harness.memory.fit.lora import resolve_lora_targets
+from harness.memory.fit.shape import model_shape
+from harness.memory.measured.train_matrix import FAMILY_TARGET_SETS, TrainCase
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,9 +67,9 @@ def test_commands_name_modules_that_exist(driver, jobs, tmp_path):
         assert cmd[0] == sys.executable
         target = cmd[2] if cmd[1] == "-m" else cmd[1]
         seen.add(target)
-    assert seen == {"harness.memory.train_matrix", "harness.memory.snapshot_case",
+    assert seen == {"harness.memory.measured.train_matrix", "harness.memory.measured.snapshot_case",
                     str(ROOT / "benchmarks" / "vram" / "families.py")}
-    for module in ("harness.memory.train_matrix", "harness.memory.snapshot_case"):
+    for module in ("harness.memory.measured.train_matrix", "harness.memory.measured.snapshot_case"):
         assert importlib.util.find_spec(module) is not None
     assert set(driver.FIT_EXCLUDED) <= set(driver.FAMILIES) | set(driver.SETS["mistral-moe"])
 
@@ -113,8 +113,8 @@ def test_mistral_moe_set_commands(driver, second, tmp_path):
         where = reference_config_path(j["arch"]) if j["arch"] in driver.BUILT_ON_DEVICE else tmp_path / j["arch"]
         cmd = driver.command(j, where, tmp_path / "out.json", "cuda:0")
         if j["kind"] == "offload":
-            assert cmd[1:4] == ["-m", "harness.memory.moe_case", "--offload"] and cmd[4] == "qwen3-30b-a3b"
-            assert importlib.util.find_spec("harness.memory.moe_case") is not None
+            assert cmd[1:4] == ["-m", "harness.memory.measured.moe_case", "--offload"] and cmd[4] == "qwen3-30b-a3b"
+            assert importlib.util.find_spec("harness.memory.measured.moe_case") is not None
         elif j["kind"] == "infer" and j["arch"] in driver.BUILT_ON_DEVICE:
             assert cmd[cmd.index("--model-dir") + 1].endswith("qwen3-30b-a3b.json")  # built, not loaded
 

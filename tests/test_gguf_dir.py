@@ -111,7 +111,7 @@ def test_estimate_gives_the_files_exact_q4_1_bytes(real_gguf, record):
     bytes per 32; F32 4 per weight. Predicted from shapes alone, against the file's data extents."""
     from gguf import GGUFReader
 
-    from harness.memory.gguf import read_gguf
+    from harness.memory.fit.gguf import read_gguf
 
     per_block = {"Q4_1": (32, 20), "Q8_0": (32, 34), "F32": (1, 4)}
     reader = GGUFReader(str(real_gguf))

@@ -1,4 +1,4 @@
-"""Family traits (harness.memory.families): layouts from config fields match the meta-device
+"""Family traits (harness.memory.family.families): layouts from config fields match the meta-device
 count, each trait adds what the modeling code keeps alive, unverified families say so, and the
 VERIFIED table is backed by committed GPU rows."""
 
@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from harness.memory import families as F
-from harness.memory.estimate import Query, estimate
-from harness.memory.shape import load_config, model_shape, shape_from_config, shape_from_meta
+from harness.memory.family import families as F
+from harness.memory.fit.estimate import Query, estimate
+from harness.memory.fit.shape import load_config, model_shape, shape_from_config, shape_from_meta
 
 NEW = ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b")
 
@@ -116,7 +116,7 @@ def _archs_with_rows(pattern: str, mode: str | None) -> set[str]:
 
 def test_the_verified_table_is_backed_by_committed_gpu_rows():
     import measurements
-    from harness.memory.families_truth import load_rows
+    from harness.memory.measured.families_truth import load_rows
 
     family_rows = load_rows([measurements.unpacked(e["name"]) for e in measurements.entries("families-run")])
     inference = (_archs_with_rows("matrix/rows-*.json", "prefill") | _archs_with_rows("holdout/rows-*.json", "prefill")
@@ -183,9 +183,9 @@ def _this_year_errors() -> dict[tuple[str, str], list[float]]:
     from dataclasses import fields
 
     import measurements
-    from harness.memory.families_truth import load_rows
-    from harness.memory.matrix import row_query
-    from harness.memory.train_matrix import TrainCase
+    from harness.memory.measured.families_truth import load_rows
+    from harness.memory.measured.matrix import row_query
+    from harness.memory.measured.train_matrix import TrainCase
 
     runs = [measurements.unpacked(e["name"]) for e in measurements.entries("families-run")]
     envs = {r: next(r.rglob("environment.json"), None) for r in runs}

@@ -1,4 +1,4 @@
-"""Reading a families run back (harness.memory.families_truth) on row files laid out as
+"""Reading a families run back (harness.memory.measured.families_truth) on row files laid out as
 benchmarks/vram/families.py writes them, with measurements set from the estimator so the errors
 the reader must find are known: signs kept (under-prediction), checkpointing apart, a killed
 inference worker's partial rows, failed cases counted, boundary verdicts, snapshot pictures."""
@@ -10,10 +10,10 @@ from dataclasses import asdict
 
 import pytest
 
-from harness.memory import families_truth as T
-from harness.memory.estimate import Query, estimate
-from harness.memory.shape import model_shape
-from harness.memory.train_matrix import TrainCase, predicted_bytes
+from harness.memory.measured import families_truth as T
+from harness.memory.fit.estimate import Query, estimate
+from harness.memory.fit.shape import model_shape
+from harness.memory.measured.train_matrix import TrainCase, predicted_bytes
 
 GIB = 2**30
 
@@ -99,9 +99,9 @@ def test_no_rows_no_files(tmp_path):
 
 
 def test_offload_run_against_the_plan_recomputed(tmp_path):
-    """An offloaded run's row (harness.memory.moe_case) against plan --offload recomputed with the
+    """An offloaded run's row (harness.memory.measured.moe_case) against plan --offload recomputed with the
     run's own bandwidths and context: GPU peak and ms/token errors with their signs, the budget."""
-    from harness.memory.offload import Bandwidths, plan_offload
+    from harness.memory.fit.offload import Bandwidths, plan_offload
 
     arch, budget, context = "qwen2.5-1.5b", 2 * GIB, 500 * 2**20
     bw = {"h2d_gbps": 20.0, "device_gbps": 4000.0, "layer_ms": 1.8}

@@ -1,7 +1,7 @@
 """The family terms against autograd itself: on CPU, tiny models of the real transformers classes,
 the bytes of every tensor saved for backward (torch.autograd.graph.saved_tensors_hooks, counted
 once per storage, frozen parameters left out), with and without each trait. What the modeling
-code keeps must be what harness.memory.families says it keeps."""
+code keeps must be what harness.memory.family.families says it keeps."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from harness.memory import families as F  # noqa: E402
-from harness.memory.estimate import Query  # noqa: E402
-from harness.memory.shape import shape_from_config  # noqa: E402
+from harness.memory.family import families as F  # noqa: E402
+from harness.memory.fit.estimate import Query  # noqa: E402
+from harness.memory.fit.shape import shape_from_config  # noqa: E402
 
 DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, vocab_size=1000)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.errors import UsageError
-from harness.memory import estimate as E
+from harness.memory.fit import estimate as E
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128}
@@ -85,7 +85,7 @@ def test_optimizer_states_match_a_real_step(optimizer):
     AdamW runs on CPU; its min_8bit_size rule keeps small tensors in fp32)."""
     import torch
 
-    from harness.memory.train_matrix import _optimizer_state_bytes, make_optimizer
+    from harness.memory.measured.train_matrix import _optimizer_state_bytes, make_optimizer
     from harness.models import bitsandbytes_problem
 
     if optimizer != "adamw_torch" and bitsandbytes_problem():
@@ -157,7 +157,7 @@ def run1_rows(fit_calibration):
 
 
 def _fit_rows(rows):
-    from harness.memory.train_matrix import HOLDOUT_ARCHS
+    from harness.memory.measured.train_matrix import HOLDOUT_ARCHS
 
     return [r for r in rows if r["arch"] not in HOLDOUT_ARCHS]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from harness.__main__ import main
-from harness.memory.advice import CHUNK_TOKENS
-from harness.memory.estimate import Query, estimate
-from harness.memory.shape import model_shape
+from harness.memory.fit.advice import CHUNK_TOKENS
+from harness.memory.fit.estimate import Query, estimate
+from harness.memory.fit.shape import model_shape
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30

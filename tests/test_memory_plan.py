@@ -13,9 +13,9 @@ import pytest
 
 from harness.__main__ import main
 from harness.errors import UsageError
-from harness.memory import budget as B
-from harness.memory import estimate as E
-from harness.memory import offload as O
+from harness.memory.fit import budget as B
+from harness.memory.fit import estimate as E
+from harness.memory.fit import offload as O
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 2**30
@@ -250,7 +250,7 @@ def test_a_training_verdict_near_the_line_says_it_is_tight(capsys):
     """Within budget.TRAIN_VERDICT_UNCERTAINTY of the usable bytes (where the measured training
     runs went either way) the verdict keeps its answer and says how near the line it is; further
     away, and for inference, it says nothing more."""
-    from harness.memory import budget as B
+    from harness.memory.fit import budget as B
 
     seen = set()
     for seq in range(500, 1001, 50):
@@ -274,7 +274,7 @@ def test_a_refusal_that_expandable_segments_would_let_run_says_so(capsys):
     """A training step refused for the holes the default allocator keeps, whose peak + 2% fits,
     names PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; `fits_expandable_segments` says the
     same in JSON at every length, and inference has no such field."""
-    from harness.memory import budget as B
+    from harness.memory.fit import budget as B
 
     said = set()
     for seq in range(128, 1025, 64):
@@ -296,7 +296,7 @@ def test_plan_train_gives_the_limits_with_expandable_segments_too(capsys):
     """The longest context and largest batch with expandable segments are where that verdict
     (budget.fits_expandable) turns: the step at the limit fits, one token or one sequence more does
     not; never shorter than the default allocator's; absent outside training."""
-    from harness.memory.shape import model_shape
+    from harness.memory.fit.shape import model_shape
 
     out = run_json(capsys, "plan", "--config", "qwen3-1.7b", "--train", "--no-replay", "--precision", "nf4-dq,bf16",
                    "--budget", "6GiB", "--batch-seq-len", "256")

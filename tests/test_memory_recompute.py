@@ -1,4 +1,4 @@
-"""The recomputed layer's peak (harness.memory.recompute) against the code it was read from, run on
+"""The recomputed layer's peak (harness.memory.fit.recompute) against the code it was read from, run on
 the CPU: a small Mistral through transformers' gradient checkpointing, peft's LoRA (dropout 0.05)
 and SDPA's math kernel, its frozen linears standing in for bitsandbytes' Linear4bit (bf16 compute,
 no activation saved, the weight cast to bf16 anew in backward, as MatMul4Bit.backward's
@@ -11,9 +11,9 @@ import weakref
 
 import pytest
 
-from harness.memory.estimate import Query
-from harness.memory.recompute import SCORE_BLOCKS, layer_points
-from harness.memory.shape import shape_from_config
+from harness.memory.fit.estimate import Query
+from harness.memory.fit.recompute import SCORE_BLOCKS, layer_points
+from harness.memory.fit.shape import shape_from_config
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
@@ -117,8 +117,8 @@ def test_a_large_rank_peaks_at_the_end_of_the_backward_beside_every_other_layers
     """All-linear r64 on a narrow model: each layer's LoRA gradients outweigh its checkpointed input,
     so the backward peaks in the first layer's recompute, with the other layers' gradients made and
     their checkpoints freed (estimate.late_backward_bytes), not in the last layer's."""
-    from harness.memory.calibration import CALIBRATION
-    from harness.memory.estimate import late_backward_bytes, train_parts
+    from harness.memory.fit.calibration import CALIBRATION
+    from harness.memory.fit.estimate import late_backward_bytes, train_parts
 
     cfg = dict(CFG, num_hidden_layers=6, intermediate_size=512)
     batch, seq, r = 1, 16, 64

@@ -1,9 +1,9 @@
-"""The allocator-history summary (harness.memory.snapshot) on hand-built traces shaped like
+"""The allocator-history summary (harness.memory.tracking.snapshot) on hand-built traces shaped like
 torch.cuda.memory._snapshot()'s: categories from stacks, the peak, frees, the window."""
 
 from __future__ import annotations
 
-from harness.memory.snapshot import LineRange, category, logits_ranges, summarise
+from harness.memory.tracking.snapshot import LineRange, category, logits_ranges, summarise
 
 MODELING = ".../transformers/models/gemma2/modeling_gemma2.py"
 CAUSAL = [LineRange("gemma2/modeling_gemma2.py", 500, 560)]

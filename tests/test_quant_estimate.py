@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from harness.errors import UsageError
-from harness.memory import estimate as E
-from harness.memory.gguf import read_gguf
+from harness.memory.fit import estimate as E
+from harness.memory.fit.gguf import read_gguf
 
 HIDDEN, INTER, LAYERS, VOCAB = 256, 512, 2, 2048
 

@@ -1,4 +1,4 @@
-"""plan --train's limits replayed on torch's caching allocator (harness.memory.replay_limits): the
+"""plan --train's limits replayed on torch's caching allocator (harness.memory.replay.replay_limits): the
 search closes in on the setting where the replay turns, in few traces, and the plan it answers is
 the one `estimate --replay` confirms setting by setting."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.memory.replay_limits import MAX_TRACES, ReplayPoint, largest_fitting
+from harness.memory.replay.replay_limits import MAX_TRACES, ReplayPoint, largest_fitting
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -206,9 +206,9 @@ def test_a_length_made_from_three_traced_lengths_is_the_traced_one(tiny_config):
     another batch, make nothing."""
     pytest.importorskip("bitsandbytes")
     pytest.importorskip("peft")
-    from harness.memory.estimate import Query
-    from harness.memory.replay_limits import synthesized_trace
-    from harness.memory.step_trace import trace_training_step
+    from harness.memory.fit.estimate import Query
+    from harness.memory.replay.replay_limits import synthesized_trace
+    from harness.memory.replay.step_trace import trace_training_step
 
     recipe = Query("nf4-dq", "train", lora_r=8, lora_targets=("q_proj", "v_proj"))
     traced = {s: trace_training_step(TINY, replace(recipe, seq_len=s)) for s in (100, 300, 700, 1000)}
@@ -220,7 +220,7 @@ def test_a_length_made_from_three_traced_lengths_is_the_traced_one(tiny_config):
 
 def test_a_second_replay_takes_its_trace_from_the_cache(tiny_config, tmp_path):
     """A trace does not depend on the card: at another budget the same setting is replayed from the
-    trace cache (harness.memory.trace_cache), with the verdict the fresh trace gives there."""
+    trace cache (harness.memory.replay.trace_cache), with the verdict the fresh trace gives there."""
     pytest.importorskip("bitsandbytes")
     pytest.importorskip("peft")
     env = {**__import__("os").environ, "HARNESS_CACHE_DIR": str(tmp_path)}

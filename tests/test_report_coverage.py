@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from harness.memory import families_truth
+from harness.memory.measured import families_truth
 from harness.report import run_html, verdicts
 from harness.serving.standin import run_standin
 

@@ -54,7 +54,7 @@ def test_gpu_startup_lines_give_model_and_graph_memory():
 
 
 def test_a_cuda_start_up_is_planned_for_its_card():
-    from harness.memory.gpus import GiB, Gpu
+    from harness.memory.fit.gpus import GiB, Gpu
 
     a100 = json.loads((DATA / "a100-80-llama-3.1-8b-defaults-v0.31.0.json").read_text())
     logged = u.parse_startup_memory("\n".join(a100["lines"]))

@@ -1,5 +1,5 @@
 """What makes plan --train's traces cheaper leaves them the same: meta kernels remembered by their
-inputs' metadata (harness.memory.meta_memo) give the trace the kernels give, and a trace with a
+inputs' metadata (harness.memory.replay.meta_memo) give the trace the kernels give, and a trace with a
 size rounded in the length (the memory-efficient attention's logsumexp) makes no other length.
 Each test traces in a process of its own (the tracer's libraries stay out of the test process)."""
 
@@ -22,7 +22,7 @@ import json, sys, warnings
 from dataclasses import replace
 warnings.filterwarnings("ignore")
 from harness.memory import step_trace as S
-from harness.memory.estimate import Query
+from harness.memory.fit.estimate import Query
 config = json.loads(sys.argv[1])
 recipe = Query("nf4-dq", "train", lora_r=8, lora_targets=("q_proj", "v_proj"), optimizer=sys.argv[2])
 def trace(n, batch=1):
@@ -65,8 +65,8 @@ def test_a_length_rounded_trace_makes_no_other_length():
     would make 100 wrong (1600 bytes where it allocates 2048); the trace says so and nothing is made.
     Grouped-query heads take the math path: no rounding, the length is made."""
     body = """
-from harness.memory.replay_limits import synthesized_trace
-from harness.memory.step_trace import StepTrace
+from harness.memory.replay.replay_limits import synthesized_trace
+from harness.memory.replay.step_trace import StepTrace
 traced = {n: trace(n) for n in (96, 128, 160, 100)}
 anchors = [(n, traced[n]) for n in (96, 128, 160)]
 unguarded = synthesized_trace([(n, StepTrace(t.events, t.train_at)) for n, t in anchors], 100, None)

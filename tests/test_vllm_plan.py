@@ -1,4 +1,4 @@
-"""vLLM's memory plan (harness.memory.vllm_plan) against published start-up logs, vLLM's own
+"""vLLM's memory plan (harness.memory.vllm.vllm_plan) against published start-up logs, vLLM's own
 rules, and the command line. No server here: tests/test_vllm_plan_cpu.py starts one."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UsageError
-from harness.memory import vllm_logcheck as L
-from harness.memory import vllm_plan as V
-from harness.memory import vllm_servers as S
-from harness.memory.gpus import GPUS, GiB, gpu_by_name, resolve_gpu
+from harness.memory.vllm import vllm_logcheck as L
+from harness.memory.vllm import vllm_plan as V
+from harness.memory.vllm import vllm_servers as S
+from harness.memory.fit.gpus import GPUS, GiB, gpu_by_name, resolve_gpu
 
 DATA = Path(__file__).parent / "data" / "vllm_logs"
 RECORDS = L.load_records(DATA)
@@ -292,7 +292,7 @@ def test_a_max_model_len_past_the_models_own_limit_does_not_start():
 
 
 def test_rope_scaling_stretches_the_limit_as_vllm_derives_it():
-    from harness.memory.vllm_model import derived_max_len
+    from harness.memory.vllm.vllm_model import derived_max_len
 
     assert derived_max_len({"max_position_embeddings": 32768}) == 32768
     assert derived_max_len({"max_position_embeddings": 4096, "seq_length": 2048}) == 2048  # the smallest
@@ -335,7 +335,7 @@ def test_lora_sizes_without_enable_lora_are_named_not_silently_dropped():
 def test_the_load_allocator_keeps_whole_segments_of_large_tensors():
     """Under vLLM 0.26's max_split_size_mb:20 a tensor of 20 MiB or more holds its 2 MiB-rounded
     segment (52.5 MiB -> 54); without it the remainder is split off and not counted."""
-    from harness.memory.vllm_alloc import MiB, LargePool
+    from harness.memory.vllm.vllm_alloc import MiB, LargePool
 
     scoped, plain = LargePool(), LargePool(max_split=1 << 62)
     for pool in (scoped, plain):

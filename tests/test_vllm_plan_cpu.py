@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.memory.vllm_servers import server_kv_record
+from harness.memory.vllm.vllm_servers import server_kv_record
 from harness.serving.launcher import launch_vllm
 
 SETTING = {"env": {"VLLM_CPU_KVCACHE_SPACE": "2"},
@@ -41,7 +41,7 @@ def test_cpu_server_kv_tokens_and_concurrency_match_the_prediction_exactly(setti
 # Granite-4.0-H's Mamba-2 + attention (the 0.31 -> 0.32 delta).
 @pytest.mark.parametrize("family", ["gemma4-shared", "granite4h"])
 def test_hybrid_families_start_with_the_planned_kv_tokens(settings, tmp_path_factory, family):
-    from harness.memory.vllm_tiny import build_tiny_family
+    from harness.memory.vllm.vllm_tiny import build_tiny_family
 
     if settings.vllm_python is None:
         pytest.skip("no vLLM interpreter (--vllm-python / HARNESS_VLLM_PYTHON, or .venvs/vllm-*)")

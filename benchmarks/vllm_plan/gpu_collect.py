@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.atomic import write_json  # noqa: E402
-from harness.memory.vllm_logcheck import check_gpu_startup  # noqa: E402
+from harness.memory.vllm.vllm_logcheck import check_gpu_startup  # noqa: E402
 
 OUT = ROOT / "measurements" / "vllm_plan" / "h200-vllm-0.26.0.json"
 

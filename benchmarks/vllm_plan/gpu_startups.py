@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.atomic import write_json  # noqa: E402
-from harness.memory.vllm_model import _safetensors_bytes  # noqa: E402
+from harness.memory.vllm.vllm_model import _safetensors_bytes  # noqa: E402
 from harness.serving.launcher import log_cause, parse_startup_log  # noqa: E402
 
 BF16, W4A16, GPTQ, AWQ = "qwen2.5-1.5b", "qwen2.5-1.5b-w4a16", "qwen2.5-1.5b-gptq", "qwen2.5-1.5b-awq"

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.atomic import write_json  # noqa: E402
-from harness.memory.vllm_kv_families import CUDA  # noqa: E402
-from harness.memory.vllm_kv_rules import plan_kv  # noqa: E402
+from harness.memory.vllm.vllm_kv_families import CUDA  # noqa: E402
+from harness.memory.vllm.vllm_kv_rules import plan_kv  # noqa: E402
 
 GiB = 1024**3
 # Qwen3.5/3.6-35B-A3B's text model as recalled (no hub here): 40 layers, 3 GDN : 1 full attention,

@@ -23,12 +23,12 @@ def replayed_limit_of(r: dict, axis: str):
     """(plan, shape, recipe, found): plan --train's reserve-rule plan and its `axis` limit replayed
     for a families row's recipe (arch, targets, lora_r, grad_checkpointing, optimizer, precision,
     budget_bytes, context_bytes, seq_len as --batch-seq-len; the attention as its transformers ran it)."""
-    from harness.memory import budget as B
-    from harness.memory.estimate import Query
-    from harness.memory.families import at_transformers
-    from harness.memory.replay_limits import StepReplayer, limit_search
-    from harness.memory.shape import load_config, model_shape
-    from harness.memory.train_matrix import FAMILY_TARGET_SETS
+    from harness.memory.fit import budget as B
+    from harness.memory.fit.estimate import Query
+    from harness.memory.family.families import at_transformers
+    from harness.memory.replay.replay_limits import StepReplayer, limit_search
+    from harness.memory.fit.shape import load_config, model_shape
+    from harness.memory.measured.train_matrix import FAMILY_TARGET_SETS
 
     config = load_config(r["arch"])[0]
     shape = at_transformers(model_shape(r["arch"]), r.get("transformers"))

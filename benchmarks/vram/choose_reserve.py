@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import measurements  # noqa: E402
-from harness.memory import estimate as E  # noqa: E402
-from harness.memory import families_truth as T  # noqa: E402
-from harness.memory.families import at_transformers  # noqa: E402
-from harness.memory.matrix import row_query  # noqa: E402
-from harness.memory.shape import model_shape  # noqa: E402
-from harness.memory.train_matrix import load_truth, runs_expandable  # noqa: E402
+from harness.memory.fit import estimate as E  # noqa: E402
+from harness.memory.measured import families_truth as T  # noqa: E402
+from harness.memory.family.families import at_transformers  # noqa: E402
+from harness.memory.measured.matrix import row_query  # noqa: E402
+from harness.memory.fit.shape import model_shape  # noqa: E402
+from harness.memory.measured.train_matrix import load_truth, runs_expandable  # noqa: E402
 
 FRACTIONS = tuple(x / 1000 for x in range(20, 71, 5))
 LOGITS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.30)
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
                     help="the verdict whose reserve to choose (default: torch's default caching allocator)")
     args = ap.parse_args(argv)
     if args.allocator == "expandable":
-        from harness.memory.budget import EXPANDABLE_TRAIN_RESERVE
+        from harness.memory.fit.budget import EXPANDABLE_TRAIN_RESERVE
 
         cases = boundary_cases(args.runs, expandable=True)
         fraction, (ff, agree, loss) = choose_expandable(cases)

@@ -2,10 +2,10 @@
 
     python benchmarks/vram/families.py --out DIR [--time-limit-s 300] [--smoke]
 
-Every case runs in a fresh process (the training cases through harness.memory.train_matrix, the
-snapshot cases through harness.memory.snapshot_case), several at once on the one GPU; each writes
+Every case runs in a fresh process (the training cases through harness.memory.measured.train_matrix, the
+snapshot cases through harness.memory.measured.snapshot_case), several at once on the one GPU; each writes
 its own row, DIR/rows/<n>-<name>.json, atomically, so a run cut short keeps every finished case.
-The inference cases of a family and precision share one process (harness.memory.matrix's Worker:
+The inference cases of a family and precision share one process (harness.memory.measured.matrix's Worker:
 one load, then prefill and generate cases measured one after the other, as the committed inference
 matrix was). Most valuable first: the two snapshot cases (one QLoRA step and one generation of
 Gemma-2), then the training matrix of the problem families (Gemma-2, Gemma-3) with the 6 GiB
@@ -19,12 +19,12 @@ run's mistral-7b-v0.3 and qwen3-30b-a3b (FIT_EXCLUDED).
 `--set` (default: $FAMILIES_SET, else "issue27") picks the job set: "issue27", the first run above;
 "mistral-moe", the second (measurements/vram/families/run-02): Mistral-7B v0.3's QLoRA training
 matrix with >= 12 plan --train 6 GiB boundary cases interleaved, Qwen3-30B-A3B's bf16 inference on
-the whole GPU (prefill and generate, built on the GPU by harness.memory.moe_case: no 61 GB
+the whole GPU (prefill and generate, built on the GPU by harness.memory.measured.moe_case: no 61 GB
 checkpoint) and its `plan --offload` placement run for real under a 6 GiB cap (weights of the
 offloaded layers in host RAM), then Mistral's inference at bf16 and nf4-dq. The MoE cases start
 while Mistral's random checkpoint is still being saved. "fresh", the third
 (measurements/vram/families/run-03): out-of-sample checks of the recomputed-layer model
-(harness/memory/recompute.py): two Mistral-7B steps with the allocator's history (the largest
+(harness/memory/fit/recompute.py): two Mistral-7B steps with the allocator's history (the largest
 blocks at the peak), its checkpointed batch-2 QLoRA steps at new lengths and ranks, and 30 plan --train boundary cases under the 6 GiB card (6 per family: Mistral-7B, Gemma-2,
 Gemma-3, Qwen3, Phi-4-mini; half predicted to fit, within 12% of the verdict), none at a setting a
 committed row ran. "reserve", the fourth (measurements/vram/families/run-04): 36 fresh boundary
@@ -66,8 +66,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness import atomic  # noqa: E402
-from harness.memory.budget import EXPANDABLE_SEGMENTS  # noqa: E402
-from harness.memory.train_matrix import TrainCase  # noqa: E402
+from harness.memory.fit.budget import EXPANDABLE_SEGMENTS  # noqa: E402
+from harness.memory.measured.train_matrix import TrainCase  # noqa: E402
 
 FAMILIES = ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "phi-4-mini")
 FIT_EXCLUDED = ("qwen3-1.7b", "phi-4-mini", "mistral-7b-v0.3", "qwen3-30b-a3b")
@@ -90,7 +90,7 @@ SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b")
         "trace3": BOUNDARY_FAMILIES,
         "trace4": ("gemma-2-2b", "phi-4-mini"),
         "planlimit": BOUNDARY_FAMILIES}
-BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.moe_case builds it where it runs
+BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.measured.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
 BUDGET = 6 * 2**30
@@ -147,8 +147,8 @@ def boundary_cases(rng: random.Random, per_family: int, families=FAMILIES) -> li
     """Per family, cases whose `plan --train` verdict (planned x (1 + reserve) against 6 GiB -
     context) lies within +-25% of the cap, half on each side: the real OOM under the cap is the
     truth."""
-    from harness.memory.estimate import RESERVE_FRACTION, estimate
-    from harness.memory.shape import model_shape
+    from harness.memory.fit.estimate import RESERVE_FRACTION, estimate
+    from harness.memory.fit.shape import model_shape
 
     out: list[TrainCase] = []
     for arch in families:
@@ -182,8 +182,8 @@ def claim_bytes(case: TrainCase) -> int:
     estimator is unchecked on these families) + 1 GiB, at least 4 GiB."""
     if case.budget_bytes:
         return case.budget_bytes + 2**30
-    from harness.memory.estimate import estimate
-    from harness.memory.shape import model_shape
+    from harness.memory.fit.estimate import estimate
+    from harness.memory.fit.shape import model_shape
 
     try:
         shape = _SHAPES.setdefault(case.arch, model_shape(case.arch))
@@ -206,7 +206,7 @@ def expandable_job(case: TrainCase, suffix: str = "-expandable") -> dict:
 
 
 def snapshot_train_job(case: TrainCase, suffix: str = "") -> dict:
-    """`case` run with the allocator's history recorded (harness.memory.snapshot_case)."""
+    """`case` run with the allocator's history recorded (harness.memory.measured.snapshot_case)."""
     return {"kind": "snapshot-train", "arch": case.arch, "case": asdict(case), "claim": claim_bytes(case),
             "name": f"snapshot-train-{case.arch}-{case.targets}-r{case.lora_r}-b{case.batch}-s{case.seq_len}{suffix}"}
 
@@ -220,8 +220,8 @@ def infer_claim(arch: str, precision: str) -> int:
     """12 GiB for the small families; else 1.3 x the largest predicted case + 1 GiB."""
     if arch in BUILT_ON_DEVICE:
         return MOE_CLAIM
-    from harness.memory.estimate import Query, estimate
-    from harness.memory.shape import model_shape
+    from harness.memory.fit.estimate import Query, estimate
+    from harness.memory.fit.shape import model_shape
 
     try:
         shape = _SHAPES.setdefault(arch, model_shape(arch))
@@ -264,7 +264,7 @@ def mistral_moe_jobs() -> list[dict]:
 
 
 # The third run (--set fresh): out-of-sample checks of the recomputed-layer model
-# (harness/memory/recompute.py), derived while reading Mistral's rows. Settings no committed row
+# (harness/memory/fit/recompute.py), derived while reading Mistral's rows. Settings no committed row
 # ran: other lengths, ranks and batches than the first two runs' boundary and matrix draws.
 FRESH_SEQS = (128, 192, 320, 384, 448, 640, 896, 1280, 1792)
 FRESH_RANKS = (4, 8, 16, 32, 64)
@@ -289,8 +289,8 @@ def committed_settings(runs: int = 2, truth: bool = False) -> set[tuple]:
     being drawn), and with `truth` of the truth runs too, so a set stays the same once its own rows
     are committed."""
     import measurements
-    from harness.memory import families_truth as T
-    from harness.memory.train_matrix import load_truth
+    from harness.memory.measured import families_truth as T
+    from harness.memory.measured.train_matrix import load_truth
 
     rows = [r for d in measurements.families_runs()[:runs] for r in T.load_rows(d)["train"]]
     return {setting(r) for r in rows + (load_truth(measurements.truth_runs())[0] if truth else [])}
@@ -310,14 +310,14 @@ def interleaved_by_family(cases: list[TrainCase], families: tuple[str, ...]) -> 
 
 def default_ratio(est) -> float:
     """plan --train's need against the 6 GiB card's cap: planned x (1 + the training reserve)."""
-    from harness.memory.estimate import RESERVE_FRACTION
+    from harness.memory.fit.estimate import RESERVE_FRACTION
 
     return est.planned_bytes * (1 + RESERVE_FRACTION["train"]) / (BUDGET - ASSUMED_CONTEXT)
 
 
 def expandable_ratio(est) -> float:
     """The need with expandable segments against the cap: peak x (1 + budget.EXPANDABLE_TRAIN_RESERVE)."""
-    from harness.memory.budget import EXPANDABLE_TRAIN_RESERVE
+    from harness.memory.fit.budget import EXPANDABLE_TRAIN_RESERVE
 
     return est.peak_bytes * (1 + EXPANDABLE_TRAIN_RESERVE) / (BUDGET - ASSUMED_CONTEXT)
 
@@ -326,8 +326,8 @@ def fresh_boundary_cases(rng: random.Random, seen: set[tuple], per_family: int =
                          families: tuple[str, ...] = SETS["fresh"], ratio_of=default_ratio) -> list[TrainCase]:
     """Per family, `per_family` cases never run before whose verdict (`ratio_of` an estimate: need /
     cap) lies within FRESH_RATIO of the 6 GiB card's cap, half predicted to fit."""
-    from harness.memory.estimate import estimate
-    from harness.memory.shape import model_shape
+    from harness.memory.fit.estimate import estimate
+    from harness.memory.fit.shape import model_shape
 
     out: list[TrainCase] = []
     for arch in families:
@@ -404,7 +404,7 @@ def again_jobs(job_set: str = "again") -> list[dict]:
     The twelfth (again2): the same after the recomputed layer's peak gained the held logits and the
     late backward (estimate.held_logits_bytes, late_backward_bytes); the thirteenth (again3): 36 more
     of each, nothing changed since; the eighteenth (again4): 36 more of the default allocator's only,
-    to test the allocator replay (harness.memory.step_trace) on steps it was not corrected on."""
+    to test the allocator replay (harness.memory.replay.step_trace) on steps it was not corrected on."""
     default_seed, expandable_seed, runs = AGAIN_SETS[job_set]
     families = SETS[job_set]
     seen = committed_settings(runs, truth=True)
@@ -487,7 +487,7 @@ def under_jobs(snapshots: tuple = UNDER_SNAPSHOTS) -> list[dict]:
 
 
 # Two committed refusals that ran out of memory where a replay of the caching allocator on the step's
-# traced allocations (harness.memory.allocator_sim) said they fit: (arch, targets, r, batch, seq, optimizer)
+# traced allocations (harness.memory.replay.allocator_sim) said they fit: (arch, targets, r, batch, seq, optimizer)
 TRACE_CASES = (("phi-4-mini", "all", 32, 1, 128, "adamw_torch"), ("gemma-3-1b", "all", 64, 2, 320, "adamw_torch"))
 
 
@@ -531,9 +531,9 @@ def trace_jobs(cases: tuple = TRACE_CASES, capped_too: bool = True) -> list[dict
 
 def case_verdict(case: TrainCase) -> str:
     """The estimate and plan --train's verdict of a case, one line (for --list)."""
-    from harness.memory.budget import default_headroom, fits, fits_expandable
-    from harness.memory.estimate import estimate
-    from harness.memory.shape import model_shape
+    from harness.memory.fit.budget import default_headroom, fits, fits_expandable
+    from harness.memory.fit.estimate import estimate
+    from harness.memory.fit.shape import model_shape
 
     est = estimate(model_shape(case.arch), case.query())
     line = f"predicted {est.peak_bytes / 2**30:.2f} GiB"
@@ -594,16 +594,16 @@ def all_jobs(smoke: bool = False, job_set: str = "issue27") -> list[dict]:
 
 def command(job: dict, model_dir: Path, out: Path, device: str) -> list[str]:
     if job["kind"] == "train":
-        return [sys.executable, "-m", "harness.memory.train_matrix", "--case", json.dumps(job["case"]),
+        return [sys.executable, "-m", "harness.memory.measured.train_matrix", "--case", json.dumps(job["case"]),
                 "--model-dir", str(model_dir), "--out", str(out), "--device", device]
     if job["kind"].startswith("snapshot"):
         flag = "--train" if job["kind"] == "snapshot-train" else "--generate"
         trace = ["--trace-out", str(out.with_suffix(".trace.json.gz"))] if job.get("trace") else []
-        return [sys.executable, "-m", "harness.memory.snapshot_case", flag, json.dumps(job["case"]),
+        return [sys.executable, "-m", "harness.memory.measured.snapshot_case", flag, json.dumps(job["case"]),
                 "--model-dir", str(model_dir), "--out", str(out), "--device", device, *trace]
     if job["kind"] == "offload":
         spec = job["arch"] if job["arch"] in BUILT_ON_DEVICE else str(model_dir)
-        return [sys.executable, "-m", "harness.memory.moe_case", "--offload", spec, "--budget-bytes",
+        return [sys.executable, "-m", "harness.memory.measured.moe_case", "--offload", spec, "--budget-bytes",
                 str(job["budget_bytes"]), "--out", str(out), "--device", device]
     shapes = ["--infer-shapes", json.dumps(job["shapes"])] if job.get("shapes") else []
     return [sys.executable, str(Path(__file__).resolve()), "--infer-worker", job["arch"], "--precision",
@@ -617,7 +617,7 @@ def command(job: dict, model_dir: Path, out: Path, device: str) -> list[str]:
 def infer_worker(arch: str, precision: str, model_dir: Path, out: Path, device: str, deadline: float,
                  shapes: dict | None = None) -> None:
     """`shapes` ({"prefill_lens", "batches", "generate"}, from the job) replaces INFER's."""
-    from harness.memory import matrix
+    from harness.memory.measured import matrix
 
     shapes = dict(INFER, **(shapes or {}))
     matrix.PREFILL_LENS, matrix.BATCHES = tuple(shapes["prefill_lens"]), tuple(shapes["batches"])
@@ -630,7 +630,7 @@ def infer_worker(arch: str, precision: str, model_dir: Path, out: Path, device: 
     w = matrix.Worker(arch, work, total or BUDGET, deadline, model_dir.parent, (precision,), False, device=device)
     w.model_dir = lambda: model_dir  # the driver saved it
     if model_dir.suffix == ".json":  # a config, no checkpoint (the MoE): built on the device, random
-        from harness.memory.moe_case import build_random
+        from harness.memory.measured.moe_case import build_random
 
         w.load = lambda p, capped: w.measured(lambda: build_random(str(model_dir), device, dtype=p), capped)
     try:
@@ -844,7 +844,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic.write_json(out / "jobs.json", jobs)
-    from harness.memory.train_matrix import environment
+    from harness.memory.measured.train_matrix import environment
 
     env_info = dict(environment(args.device), fit_excluded=list(FIT_EXCLUDED), budget_bytes=BUDGET, job_set=args.set)
     atomic.write_json(out / "environment.json", env_info)

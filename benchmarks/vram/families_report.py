@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness import atomic  # noqa: E402
 import measurements  # noqa: E402
-from harness.memory import families_truth as T  # noqa: E402
+from harness.memory.measured import families_truth as T  # noqa: E402
 
 
 def main(argv=None) -> int:

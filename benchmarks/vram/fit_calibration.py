@@ -1,4 +1,4 @@
-"""Fit the transient coefficients of harness/memory/estimate.py (CALIBRATION) to measured matrix rows.
+"""Fit the transient coefficients of harness/memory/fit/estimate.py (CALIBRATION) to measured matrix rows.
 
     python benchmarks/vram/fit_calibration.py [--holdout arch,arch] ROWS.json...
     python benchmarks/vram/fit_calibration.py --train [--holdout arch,arch] [--holdout-targets attn] TRAIN_ROWS.json
@@ -25,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.memory import estimate as E  # noqa: E402
-from harness.memory.matrix import load_matrix, measured_bytes, row_query  # noqa: E402
+from harness.memory.fit import estimate as E  # noqa: E402
+from harness.memory.measured.matrix import load_matrix, measured_bytes, row_query  # noqa: E402
 
 FEATURES = {  # physically meaningful terms only: fewer features generalise to unseen shapes
     "weights": ["tied_emb_src", "largest_linear_src"],
@@ -166,7 +166,7 @@ def worst(rows, calibration=None, n=15):
 
 
 def train_rows(paths):
-    from harness.memory.matrix import load_matrix as load_train
+    from harness.memory.measured.matrix import load_matrix as load_train
 
     rows, _ = load_train(paths)
     return [r for r in rows if r.get("role") == "matrix" and measured(r) is not None]

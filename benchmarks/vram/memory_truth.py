@@ -7,9 +7,9 @@ Phases (each failure is logged and the next phase still runs; rows are rewritten
 every case, so a run cut short keeps what it measured):
 1. save random bf16 weights of every architecture (parallel, one process each) under --model-root;
 2. offload, alone on the GPU: pinned/pageable host-to-device and device bandwidth, then qwen2.5-7b
-   all on the GPU and under two budgets with the placement harness.memory.offload plans (a fresh
+   all on the GPU and under two budgets with the placement harness.memory.fit.offload plans (a fresh
    process each) -> DIR/offload_rows.json;
-3. training: every case (harness.memory.train_matrix) in its own process, several at once on the
+3. training: every case (harness.memory.measured.train_matrix) in its own process, several at once on the
    one GPU within a memory budget of their predicted peaks -> DIR/train_rows.json; the boundary
    cases run with the allocator capped at 6 GiB - context and record whether they ran out.
 With --smoke (CPU, tiny model) the phases run a handful of cases to check the code paths.
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness import atomic  # noqa: E402
-from harness.memory.train_matrix import HOLDOUT_ARCHS, TARGET_SETS, TrainCase, predicted_bytes  # noqa: E402
+from harness.memory.measured.train_matrix import HOLDOUT_ARCHS, TARGET_SETS, TrainCase, predicted_bytes  # noqa: E402
 
 FIT_ARCHS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "tinyllama-1.1b", "smollm2-1.7b")
 OFFLOAD_ARCH = "qwen2.5-7b"
@@ -103,7 +103,7 @@ def boundary_cases(rng: random.Random, archs, n: int) -> list[TrainCase]:
 
 def planned_ratio(case: TrainCase, context: int = ASSUMED_CONTEXT) -> float:
     """What `plan --train` compares: (planned bytes x (1 + training reserve)) / (budget - context)."""
-    from harness.memory.estimate import RESERVE_FRACTION, estimate, model_shape
+    from harness.memory.fit.estimate import RESERVE_FRACTION, estimate, model_shape
 
     est = estimate(model_shape(case.arch), case.query())
     return est.planned_bytes * (1 + RESERVE_FRACTION["train"]) / (BUDGET - context)
@@ -182,7 +182,7 @@ def save_models(archs, root: Path, device: str, deadline: float) -> dict[str, Pa
 
 def offload_worker(spec: dict) -> dict:
     """In a fresh process: bandwidths (first worker), or one placement measured."""
-    from harness.memory import offload as O
+    from harness.memory.fit import offload as O
 
     if spec["kind"] == "bandwidth":  # noqa: SIM102
         from harness.hw.bandwidth import measure_d2d, measure_h2d
@@ -217,8 +217,8 @@ def run_worker(spec: dict, out: Path, timeout: float) -> dict | None:
 def offload_phase(model_dir: Path, out_dir: Path, device: str, deadline: float, env_info: dict,
                   arch: str = OFFLOAD_ARCH, budgets=OFFLOAD_BUDGETS, all_gpu: bool = True,
                   layer_ms: float | None = None) -> None:
-    from harness.memory import offload as O
-    from harness.memory.estimate import model_shape
+    from harness.memory.fit import offload as O
+    from harness.memory.fit.estimate import model_shape
 
     rows: list[dict] = []
     path = out_dir / "offload_rows.json"
@@ -338,7 +338,7 @@ def train_phase(cases: list[TrainCase], model_dirs: dict[str, Path], out_dir: Pa
             pending.pop(0)
             n += 1
             out = work / f"case-{n}.json"
-            cmd = [sys.executable, "-m", "harness.memory.train_matrix", "--case", json.dumps(asdict(case)),
+            cmd = [sys.executable, "-m", "harness.memory.measured.train_matrix", "--case", json.dumps(asdict(case)),
                    "--model-dir", str(model_dirs[case.arch]), "--out", str(out), "--device", device]
             proc = subprocess.Popen(cmd, env=py_env(), start_new_session=True, stdout=subprocess.DEVNULL,
                                     stderr=open(work / f"case-{n}.log", "w"))
@@ -375,11 +375,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run_environment(device: str) -> dict:
-    from harness.memory.train_matrix import environment
+    from harness.memory.measured.train_matrix import environment
 
     env_info = environment(device)
     if device.startswith("cuda"):
-        from harness.memory.measure import cuda_context_bytes
+        from harness.memory.tracking.measure import cuda_context_bytes
 
         env_info["context_bytes"] = cuda_context_bytes(device)  # this driver's own context
     env_info["budget_bytes"] = BUDGET

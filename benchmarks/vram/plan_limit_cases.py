@@ -1,6 +1,6 @@
 """Cases at plan --train's own replayed limits, for the H200 to judge (families.py --set planlimit,
 the nineteenth run): per drawn recipe, the longest context at batch 1 that plan answers (replayed
-on torch's caching allocator, harness.memory.replay_limits), and the context about 1% of the
+on torch's caching allocator, harness.memory.replay.replay_limits), and the context about 1% of the
 step's bytes past it. The first must fit on the card; the second says how much the replay's
 margin leaves unused.
 
@@ -60,7 +60,7 @@ def committed() -> set[tuple]:
     from families import committed_settings, setting
 
     import measurements
-    from harness.memory import families_truth as T
+    from harness.memory.measured import families_truth as T
 
     seen = committed_settings(len(measurements.families_runs()), truth=True)
     for run in (16, 17, 18):
@@ -74,7 +74,7 @@ def limit_of(recipe: dict) -> dict:
     from case_pool import replayed_limit_of
     from families import BUDGET
 
-    from harness.memory.estimate import estimate
+    from harness.memory.fit.estimate import estimate
 
     row = dict(recipe, precision="nf4-dq", budget_bytes=BUDGET, context_bytes=CONTEXT_BYTES, seq_len=2048,
                transformers=TRANSFORMERS)

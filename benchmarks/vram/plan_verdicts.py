@@ -1,4 +1,4 @@
-"""plan --train's verdicts, replayed (harness.memory.replay_limits), against what ran on the H200
+"""plan --train's verdicts, replayed (harness.memory.replay.replay_limits), against what ran on the H200
 under an emulated 6 GiB card, per boundary case of a families run: a real OOM or not.
 
 For each case plan runs as `plan --train --budget 6GiB --context-bytes <the row's measured CUDA

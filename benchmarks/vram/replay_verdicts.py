@@ -1,5 +1,5 @@
 """plan --train's question answered by replaying torch's caching allocator on each committed boundary
-case's traced step (harness.memory.step_trace, harness.memory.allocator_sim), against what ran on
+case's traced step (harness.memory.replay.step_trace, harness.memory.replay.allocator_sim), against what ran on
 the H200 under an emulated 6 GiB card: a real OOM or not.
 
 Each case is traced on the meta device (about 5-10 s on one core) and replayed, for each margin,
@@ -33,7 +33,7 @@ def _replay(args: tuple) -> dict:
     key, config, query, attention, line, fits, run = args
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    from harness.memory.step_trace import fits_under, trace_training_step
+    from harness.memory.replay.step_trace import fits_under, trace_training_step
 
     t0 = time.perf_counter()
     try:
@@ -86,9 +86,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from choose_reserve import boundary_cases
 
-    from harness.memory.estimate import Query
-    from harness.memory.shape import load_config
-    from harness.memory.train_matrix import FAMILY_TARGET_SETS
+    from harness.memory.fit.estimate import Query
+    from harness.memory.fit.shape import load_config
+    from harness.memory.measured.train_matrix import FAMILY_TARGET_SETS
 
     cases = [c for c in boundary_cases(run_dirs=tuple(args.run_dir)) if c.run.startswith(args.runs)][:args.limit]
     done = rows_done(args.out, "replay_fits")

@@ -21,4 +21,4 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=er
 mkdir -p "$out"
 if [ -n "${4:-}" ]; then cp "$4"/rows-*.json "$out"/ || exit 1; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.csv" 2>&1
-python3 -m harness.memory.matrix --archs "$archs" --out "$out" --time-limit-s "$limit" ${VRAM_MATRIX_ARGS:-} 2> >(grep -v "Loading weights\|MatMul8bitLt\|UserWarning\|warnings.warn" | tee "$out/log.txt" >&2)
+python3 -m harness.memory.measured.matrix --archs "$archs" --out "$out" --time-limit-s "$limit" ${VRAM_MATRIX_ARGS:-} 2> >(grep -v "Loading weights\|MatMul8bitLt\|UserWarning\|warnings.warn" | tee "$out/log.txt" >&2)

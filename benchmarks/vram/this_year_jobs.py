@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness import atomic  # noqa: E402
-from harness.memory.train_matrix import TrainCase  # noqa: E402
+from harness.memory.measured.train_matrix import TrainCase  # noqa: E402
 
 JOB_SET = "this-year"
 TRAINED = ("gemma-3-1b", "gemma-3-4b", "gemma-4-e2b", "qwen3.5-2b", "qwen3.5-4b", "lfm2-1.2b")
@@ -54,10 +54,10 @@ def matrix_cases(arch: str) -> list[TrainCase]:
 
 def verdicts(case: TrainCase) -> dict:
     """What plan's rule says of `case` on the card now: with the unverified margin and without it."""
-    from harness.memory.budget import default_headroom, fit_verdict
-    from harness.memory.estimate import estimate
-    from harness.memory.families import UNVERIFIED_MARGIN
-    from harness.memory.shape import model_shape
+    from harness.memory.fit.budget import default_headroom, fit_verdict
+    from harness.memory.fit.estimate import estimate
+    from harness.memory.family.families import UNVERIFIED_MARGIN
+    from harness.memory.fit.shape import model_shape
 
     est = estimate(model_shape(case.arch), case.query())
     head = default_headroom("train")
@@ -125,7 +125,7 @@ def jobs(trained=TRAINED, built=BUILT_ON_DEVICE, boundary=BOUNDARY, fused=FUSED,
     return infer[len(trained) * 2:] + rest
 
 
-# the reference names' tiny twins (harness.memory.vllm_tiny: the same layer kinds, shrunk)
+# the reference names' tiny twins (harness.memory.vllm.vllm_tiny: the same layer kinds, shrunk)
 TINY_TWIN = {"gemma-3-1b": "gemma3", "gemma-3-4b": "gemma3", "gemma-4-e2b": "gemma4-shared", "gemma-4-e4b": "gemma4",
              "qwen3.5-2b": "qwen3.5", "qwen3.5-4b": "qwen3.5", "lfm2-1.2b": "lfm2", "granite-4.0-h-tiny": "granite4h",
              "gpt-oss-20b": "gpt-oss"}
@@ -134,7 +134,7 @@ TINY_TWIN = {"gemma-3-1b": "gemma3", "gemma-3-4b": "gemma3", "gemma-4-e2b": "gem
 def tiny_configs(folder: Path) -> dict[str, str]:
     """Tiny twins of the families' reference configs for a CPU dry run of the same code paths;
     {reference name: config path}."""
-    from harness.memory.vllm_tiny import tiny_family_config
+    from harness.memory.vllm.vllm_tiny import tiny_family_config
 
     folder.mkdir(parents=True, exist_ok=True)
     out = {}

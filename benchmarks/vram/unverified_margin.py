@@ -1,4 +1,4 @@
-"""The uncertainty an unverified family's estimate carries (harness.memory.families.UNVERIFIED_MARGIN),
+"""The uncertainty an unverified family's estimate carries (harness.memory.family.families.UNVERIFIED_MARGIN),
 derived from the spread of the measured families.
 
 A family no GPU measurement backs is estimated with its exact layout (weights, cache) and the
@@ -24,11 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import measurements  # noqa: E402
-from harness.memory.estimate import estimate  # noqa: E402
-from harness.memory.families import at_transformers, traits_from_config  # noqa: E402
-from harness.memory.families_truth import load_rows  # noqa: E402
-from harness.memory.matrix import measured_bytes, row_query  # noqa: E402
-from harness.memory.shape import model_shape  # noqa: E402
+from harness.memory.fit.estimate import estimate  # noqa: E402
+from harness.memory.family.families import at_transformers, traits_from_config  # noqa: E402
+from harness.memory.measured.families_truth import load_rows  # noqa: E402
+from harness.memory.measured.matrix import measured_bytes, row_query  # noqa: E402
+from harness.memory.fit.shape import model_shape  # noqa: E402
 
 
 def generic(shape):

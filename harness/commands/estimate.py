@@ -27,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..memory import estimate as E
-    from ..memory import picture as P
+    from ..memory.fit import estimate as E
+    from ..memory.fit import picture as P
     from ..units import comma_list, format_bytes, format_size, int_list
 
     shape = E.model_shape(args.config)
@@ -122,7 +122,7 @@ def _verdicts(est, mode: str, budget: int, context: int) -> dict:
     """Does the estimate fit the card (with the mode's reserve, and an unverified family's
     uncertainty kept free: budget.fit_verdict, the rule plan's limits follow), said in words, and
     for training whether it would with expandable segments."""
-    from ..memory import budget as B
+    from ..memory.fit import budget as B
 
     headroom = B.default_headroom(mode)
     uncertainty = (est.verification or {}).get("uncertainty", 0.0)
@@ -160,13 +160,13 @@ def _replay(spec, shape, q, budget: int, context: int, replayers: dict | None = 
     """The step traced and torch's allocator replayed on it under budget - context, or why not
     (one replayer per precision: its traces are shared by the rows)."""
     from ..errors import UnsupportedError
-    from ..memory import estimate as E
-    from ..memory.replay_limits import StepReplayer
-    from ..memory.shape import load_config
+    from ..memory.fit import estimate as E
+    from ..memory.replay.replay_limits import StepReplayer
+    from ..memory.fit.shape import load_config
 
     say = lambda msg: print(f"replay {q.precision} {msg}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        from ..memory.step_trace import REPLAY_MARGIN
+        from ..memory.replay.step_trace import REPLAY_MARGIN
 
         uncertainty = E.verification(shape.family, "train", shape.source, shape.traits)["uncertainty"]
         replayers = {} if replayers is None else replayers
@@ -182,7 +182,7 @@ def _replay(spec, shape, q, budget: int, context: int, replayers: dict | None = 
 
 
 def replay_line(replay: dict) -> str:
-    from ..memory.replay_limits import point_text
+    from ..memory.replay.replay_limits import point_text
 
     if "error" in replay:
         return f"not replayed: {replay['error']}"
@@ -191,8 +191,8 @@ def replay_line(replay: dict) -> str:
 
 def _limit_note(config, seqs: list[int], modes: list[str], new_tokens: int) -> str | None:
     """A --seq-len past the model's own context limit is estimated (arithmetic), but said."""
-    from ..memory.budget import context_limit
-    from ..memory.shape import load_config
+    from ..memory.fit.budget import context_limit
+    from ..memory.fit.shape import load_config
 
     limit = context_limit(load_config(config)[0])
     longest = max(s + (new_tokens if m == "generate" else 0) for s in seqs for m in modes if m != "weights") \

@@ -23,11 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _validate(args) -> None:
     if args.gpu_memory:
-        from ..memory.gpus import resolve_gpu
+        from ..memory.fit.gpus import resolve_gpu
 
         resolve_gpu(args.gpu_memory)
     if args.config:
-        from ..memory.shape import load_config
+        from ..memory.fit.shape import load_config
 
         load_config(args.config)
 

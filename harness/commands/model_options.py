@@ -11,8 +11,8 @@ import argparse
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..memory.budget import DEFAULT_CONTEXT_BYTES
-from ..memory.estimate import DEFAULT_NEW_TOKENS
+from ..memory.fit.budget import DEFAULT_CONTEXT_BYTES
+from ..memory.fit.estimate import DEFAULT_NEW_TOKENS
 from ..units import comma_list, format_size, int_list, parse_bytes
 
 DEFAULT_LORA_R = 16
@@ -45,7 +45,7 @@ def add_shared_options(parser: argparse.ArgumentParser, *, precision_help: str, 
                         help="CUDA context + driver reservation the card loses "
                              f"(default {format_size(DEFAULT_CONTEXT_BYTES).replace(' ', '')})")
     parser.add_argument("--replay", action=argparse.BooleanOptionalAction, default=None,
-                        help=replay_help + " (harness.memory.step_trace: nf4-dq / fp4-dq QLoRA, traced on the meta "
+                        help=replay_help + " (harness.memory.replay.step_trace: nf4-dq / fp4-dq QLoRA, traced on the meta "
                                            "device, about 10 s a setting; needs transformers, peft and bitsandbytes)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -72,7 +72,7 @@ def one_int(text: str, flag: str, minimum: int) -> int:
 
 
 def read_shared_options(args: argparse.Namespace) -> SharedOptions:
-    from ..memory.lora import DEFAULT_LORA_TARGETS, optimizer_name
+    from ..memory.fit.lora import DEFAULT_LORA_TARGETS, optimizer_name
 
     targets = comma_list(args.lora_targets, "--lora-targets") if args.lora_targets is not None else DEFAULT_LORA_TARGETS
     try:

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from ..memory.budget import default_headroom
+from ..memory.fit.budget import default_headroom
 from . import plan_vllm
 from .model_options import SharedOptions, add_shared_options, read_precisions, read_shared_options
 
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _offload(args, opts: SharedOptions, headroom, precisions):
     from ..errors import UsageError
-    from ..memory import offload as O
+    from ..memory.fit import offload as O
     from ..units import parse_bytes
 
     if args.precision and len(precisions) != 1:
@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
         return plan_vllm.run(args)
     plan_vllm.reject_vllm_options(args)
     from ..errors import UsageError
-    from ..memory import budget as B
-    from ..memory import estimate as E
+    from ..memory.fit import budget as B
+    from ..memory.fit import estimate as E
     from ..units import format_size
 
     if args.budget is None:
@@ -151,7 +151,7 @@ def _overall(plans, verified: dict) -> tuple[str | None, int]:
                 f"family kept free").replace(".0%", "%"), 0
     tight = [p for p in plans if p.verdict == "tight"]
     if tight:
-        from ..memory.budget import tight_unverified_text
+        from ..memory.fit.budget import tight_unverified_text
 
         return f"{tight_unverified_text(verified['uncertainty'], verified['family'])} ({', '.join(p.precision for p in tight)})", 1
     refused = [p for p in plans if p.verdict == "unknown"]
@@ -173,19 +173,19 @@ def _two_models(args: argparse.Namespace, configs: list) -> int:
 
 def _replayed(plans, shape, spec, opts: SharedOptions, limit) -> list:
     """The plans of the traced precisions with their limits replayed on torch's caching allocator
-    (harness.memory.replay_limits); the others as the reserve rule left them, `replay` saying why:
+    (harness.memory.replay.replay_limits); the others as the reserve rule left them, `replay` saying why:
     "skipped" (a precision the replay does not trace, weights that do not fit) or "error"."""
     from dataclasses import replace
 
     from ..errors import UnsupportedError
-    from ..memory import budget as B
-    from ..memory.estimate import Query
-    from ..memory.replay_limits import StepReplayer, replay_plan, replay_unavailable
-    from ..memory.shape import load_config
-    from ..memory.step_trace import TRACED_PRECISIONS
+    from ..memory.fit import budget as B
+    from ..memory.fit.estimate import Query
+    from ..memory.replay.replay_limits import StepReplayer, replay_plan, replay_unavailable
+    from ..memory.fit.shape import load_config
+    from ..memory.replay.step_trace import TRACED_PRECISIONS
 
-    from ..memory.families import verification
-    from ..memory.step_trace import REPLAY_MARGIN
+    from ..memory.family.families import verification
+    from ..memory.replay.step_trace import REPLAY_MARGIN
 
     say = lambda msg: print(f"replay {msg}", file=sys.stderr, flush=True)  # noqa: E731
     checked = verification(shape.family, "train", shape.source, shape.traits)
@@ -236,13 +236,13 @@ def _print_replayed(plans) -> None:
 
 def verification_of(shape, mode: str) -> dict:
     """Whether the estimator was checked on a GPU for this family and mode, and its path (as estimate says)."""
-    from ..memory.families import verification
+    from ..memory.family.families import verification
 
     return verification(shape.family, mode, shape.source, shape.traits)
 
 
 def _print_plans(plans, batch_seq_len: int) -> None:
-    from ..memory import estimate as E
+    from ..memory.fit import estimate as E
     from ..units import format_bytes
 
     print(f"{'precision':9s} {'fits':4s} {'weights':>11s} {'max context':>11s} "
@@ -255,7 +255,7 @@ def _print_plans(plans, batch_seq_len: int) -> None:
     more = [p for p in plans if p.max_seq_len_expandable and (p.max_seq_len_expandable, p.max_batch_expandable)
             != (p.max_seq_len, p.max_batch)]
     if more:
-        from ..memory.budget import EXPANDABLE_SEGMENTS, EXPANDABLE_TRAIN_RESERVE
+        from ..memory.fit.budget import EXPANDABLE_SEGMENTS, EXPANDABLE_TRAIN_RESERVE
 
         limits = ", ".join(f"{p.precision} {p.max_seq_len_expandable} tokens, batch "
                            f"{p.max_batch_expandable or '-'}@{batch_seq_len}" for p in more)
@@ -276,9 +276,9 @@ def _moe_note(shape) -> str | None:
 def _train_advice(shape, plans, opts: SharedOptions, budget: int, context: int, headroom: float, seq: int,
                   limit: int | None) -> dict:
     """Per precision whose weights fit: what stops training at --batch-seq-len tokens (batch 1)
-    and which change helps most (harness.memory.advice)."""
-    from ..memory.advice import train_advice
-    from ..memory.estimate import Query
+    and which change helps most (harness.memory.fit.advice)."""
+    from ..memory.fit.advice import train_advice
+    from ..memory.fit.estimate import Query
 
     seq = min(seq, limit) if limit else seq
     out = {}
@@ -297,7 +297,7 @@ def _advice_of(advice: dict, precision: str) -> dict:
 
 
 def _print_advice(plans, advice: dict) -> None:
-    from ..memory.advice import advice_lines
+    from ..memory.fit.advice import advice_lines
 
     stopped = [p.precision for p in plans if p.precision in advice and not advice[p.precision].fits]
     if advice and not stopped:
@@ -315,7 +315,7 @@ def _print_advice(plans, advice: dict) -> None:
 
 def _engine(precision: str) -> dict:
     """Which engine loads a serving precision (w4a16, gguf) and what it holds."""
-    from ..memory.weights import ENGINES
+    from ..memory.fit.weights import ENGINES
 
     return {"engine": ENGINES[precision]} if precision in ENGINES else {}
 

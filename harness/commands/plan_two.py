@@ -1,6 +1,6 @@
 """`python -m harness plan --config A --config B --budget 6GiB`: two models on one card - do both
 stay resident through a conversation (weights, KV growth per turn, the larger step's activations),
-or must they be switched, and what a switch costs (harness.memory.cohabit)."""
+or must they be switched, and what a switch costs (harness.memory.fit.cohabit)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .model_options import read_shared_options
 
 def _precisions(text: str | None) -> list[str]:
     from ..errors import UsageError
-    from ..memory.weights import PRECISIONS
+    from ..memory.fit.weights import PRECISIONS
     from ..units import comma_list
 
     if not text:
@@ -32,9 +32,9 @@ def _name(spec: str) -> str:
 
 def run(args: argparse.Namespace, configs: list[str]) -> int:
     from ..errors import UsageError
-    from ..memory import budget as B
-    from ..memory import cohabit as C
-    from ..memory import estimate as E
+    from ..memory.fit import budget as B
+    from ..memory.fit import cohabit as C
+    from ..memory.fit import estimate as E
 
     if args.budget is None:
         raise UsageError("--budget is required")
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, configs: list[str]) -> int:
     plan = C.plan_two(configs, shapes, [_name(c) for c in configs], _precisions(args.precision), opts.budget_bytes,
                       opts.context_bytes, headroom, seq, new_tokens=opts.new_tokens, turn_tokens=args.turn_tokens,
                       train=args.train, train_kw=train_kw, limit=limit, disk_gbps=args.disk_gbps)
-    from ..memory.families import verification
+    from ..memory.family.families import verification
 
     checks = [verification(s.family, "train" if m.role == "train" else "generate", s.source, s.traits)
               for s, m in zip(shapes, plan.models)]

@@ -1,5 +1,5 @@
 """`python -m harness plan --engine vllm`: will vLLM start on this card, and how many requests will
-it hold? (harness/memory/vllm_plan.py does the arithmetic; this module is the command line.)
+it hold? (harness/memory/vllm/vllm_plan.py does the arithmetic; this module is the command line.)
 
 A comma list in --max-model-len, --quantization or --kv-cache-dtype (or --sweep) gives a table:
 max-model-len against KV tokens and max concurrency, one column group per precision.
@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("vLLM (--engine vllm)")
     g.add_argument("--gpu-memory", metavar="SIZE|GPU_NAME",
                    help="total memory as CUDA reports it (14.74GiB) or a card: t4, l4, a10, rtx-3060-6gb, "
-                        "rtx-4060-8gb, a100-40gb, a100-80gb, h100, h200, ... (harness/memory/gpus.py); with "
+                        "rtx-4060-8gb, a100-40gb, a100-80gb, h100, h200, ... (harness/memory/fit/gpus.py); with "
                         "--sweep a comma list of cards gives each one's longest context and concurrency")
     g.add_argument("--gpu-memory-utilization", type=float, metavar="U",
                    help=f"vLLM's share of the card (default {DEFAULT_UTILIZATION}, as vLLM's)")
@@ -106,7 +106,7 @@ def missing_options(args: argparse.Namespace) -> list[str]:
 def card(spec: str):
     """The card --gpu-memory names; a name that fits several table entries (rtx-3060: the 12 GB
     desktop card and the 6 GB laptop one) is refused with the candidates rather than guessed."""
-    from ..memory.gpus import ALIASES, GPUS, _fold, resolve_gpu  # noqa: F401
+    from ..memory.fit.gpus import ALIASES, GPUS, _fold, resolve_gpu  # noqa: F401
 
     key = _fold(spec)
     if key not in GPUS:
@@ -121,7 +121,7 @@ def card(spec: str):
 
 def version_for(args: argparse.Namespace) -> tuple[str, str | None]:
     """(version, note): V0 without a version is planned as the last release that had it."""
-    from ..memory.vllm_plan import DEFAULT_VERSION
+    from ..memory.vllm.vllm_plan import DEFAULT_VERSION
 
     if args.vllm_version:
         for text in args.vllm_version.split(","):
@@ -143,7 +143,7 @@ def _lora_note(args: argparse.Namespace) -> str | None:
 
 
 def _queries(args: argparse.Namespace):
-    from ..memory.vllm_plan import VllmQuery
+    from ..memory.vllm.vllm_plan import VllmQuery
     from ..units import parse_bytes
 
     missing = missing_options(args)
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     """0 when the plan starts, 1 when it does not or cannot say (unknown: a failed check, as for
     every command); a sweep table is a report, not a check: 0. `--vllm-version A,B`: both plans
     side by side with the delta and its cause (plan_vllm_versions)."""
-    from ..memory.vllm_plan import model_facts, plan
+    from ..memory.vllm.vllm_plan import model_facts, plan
 
     if args.sweep and args.gpu_memory and "," in args.gpu_memory:
         from .plan_vllm_cards import run_cards

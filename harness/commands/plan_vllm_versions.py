@@ -1,6 +1,6 @@
 """`plan --engine vllm --vllm-version A,B`: the plan at two vLLM releases side by side, what moved
 and why (an upgrade rehearsal before the upgrade). The cause of a KV delta is the layout rules'
-`changes` line of the newer release (harness.memory.vllm_kv_rules) when the layout moved, else the
+`changes` line of the newer release (harness.memory.vllm.vllm_kv_rules) when the layout moved, else the
 memory term that moved (weights, activation, non-torch, CUDA graphs: vLLM's accounting regime)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from ..errors import UsageError
 
-from ..memory.vllm_upgrade_cause import TERMS, cause
+from ..memory.vllm.vllm_upgrade_cause import TERMS, cause
 
 
 def run_versions(args: argparse.Namespace, queries_of, model_facts, plan) -> int:

@@ -1,8 +1,8 @@
 """The harness's own planners, called for the figures a fix needs (every figure here is a prediction,
 labelled as such; figures read from the log are kept apart by the recognisers).
 
-- transformers: harness.memory.budget.plan (longest context, largest batch per precision)
-- vLLM: harness.memory.vllm_plan.plan (KV cache tokens, the --max-model-len and the
+- transformers: harness.memory.fit.budget.plan (longest context, largest batch per precision)
+- vLLM: harness.memory.vllm.vllm_plan.plan (KV cache tokens, the --max-model-len and the
   --gpu-memory-utilization that start)
 - driver and torch builds: harness.hw.compat (the wheel index a driver runs)
 """
@@ -13,12 +13,12 @@ import math
 from typing import Any
 
 from ..errors import UsageError
-from ..memory.gpus import GPUS, Gpu, resolve_gpu
+from ..memory.fit.gpus import GPUS, Gpu, resolve_gpu
 from .model import Context
 from .text import GiB, gib
 
 PLAN_SOURCE = "prediction: harness.memory plan (python -m harness plan)"
-VLLM_SOURCE = "prediction: harness.memory.vllm_plan (python -m harness plan --engine vllm)"
+VLLM_SOURCE = "prediction: harness.memory.vllm.vllm_plan (python -m harness plan --engine vllm)"
 
 
 def card_from_total(total_bytes: int | None) -> Gpu | None:
@@ -42,8 +42,8 @@ def transformers_plan(ctx: Context, gpu: Gpu | None, train: bool, seq_len: int |
     """Per precision, what fits the card (needs --config and a card size)."""
     if not ctx.config or gpu is None:
         return None
-    from ..memory.budget import context_limit, plan
-    from ..memory.shape import load_config, model_shape
+    from ..memory.fit.budget import context_limit, plan
+    from ..memory.fit.shape import load_config, model_shape
 
     shape = model_shape(ctx.config)
     config, _ = load_config(ctx.config)
@@ -79,7 +79,7 @@ def vllm_plan(ctx: Context, gpu: Gpu | None, utilization: float, max_model_len: 
     """The vLLM plan for the logged settings: does it start, and which length/utilization would."""
     if not ctx.config or gpu is None:
         return None
-    from ..memory import vllm_plan as V
+    from ..memory.vllm import vllm_plan as V
 
     facts = V.model_facts(ctx.config)
     query = V.VllmQuery(gpu=gpu, gpu_memory_utilization=min(max(utilization, 0.01), 1.0),
@@ -95,11 +95,11 @@ def host_load_bytes(ctx: Context) -> dict[str, Any] | None:
     """Host RAM a plain from_pretrained materialises for --config's model, per load dtype."""
     if not ctx.config:
         return None
-    from ..memory.shape import model_shape
-    from ..memory.weights import weight_bytes
+    from ..memory.fit.shape import model_shape
+    from ..memory.fit.weights import weight_bytes
 
     shape = model_shape(ctx.config)
-    return {"source": "prediction: the model's weight bytes (harness.memory.weights) per load dtype",
+    return {"source": "prediction: the model's weight bytes (harness.memory.fit.weights) per load dtype",
             "model": str(ctx.config), "fp32_bytes": weight_bytes(shape, "fp32"),
             "bf16_bytes": weight_bytes(shape, "bf16")}
 

@@ -83,7 +83,7 @@ def measure_h2d(device: str, nbytes: int = 512 * 2**20, iters: int = 10) -> dict
     host.fill_(7)
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
     sec = _timed(device, lambda: dev.copy_(host, non_blocking=True), iters)
-    # accelerate's offload hooks copy from ordinary (pageable) memory: harness.memory.offload
+    # accelerate's offload hooks copy from ordinary (pageable) memory: harness.memory.fit.offload
     # predicts offloaded decode from this figure
     pageable = torch.empty(nbytes, dtype=torch.uint8)
     pageable.fill_(7)

@@ -1,8 +1,6 @@
-"""Will it fit: predicted peak VRAM (estimate), what fits a budget (budget/plan), measured truth.
+"""Will it fit: predicted peak VRAM, what fits a budget, vLLM's plan, measured truth.
 
-Modules: estimate (the analytic model: weights, KV cache, activations, LoRA targets and optimizer
-states), budget (plan, the model's context limit, budget emulation), offload (accelerate's placement
-for a budget and the decode time it costs), measure (allocator and NVML tracking on a GPU), matrix
-(the inference measurement matrix), train_matrix (one training case as users run it, in a fresh
-process, and the committed H200 training rows).
+Rooms: fit (the estimate and budget plans), family (family traits and verification), vllm (the vLLM
+plan per version), replay (the step trace and allocator replay), tracking (GPU instruments),
+measured (GPU runs and their rows read back). docs/architecture.md has the map.
 """

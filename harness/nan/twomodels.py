@@ -54,9 +54,9 @@ def _mem(device: str) -> dict[str, int]:
 
 @contextlib.contextmanager
 def emulate_budget(budget_bytes: int | None, device: str = "cuda:0"):
-    """harness.memory.budget's emulation (allocator cap = budget - CUDA context) for the duration;
+    """harness.memory.fit.budget's emulation (allocator cap = budget - CUDA context) for the duration;
     None or a CPU device: no cap."""
-    from ..memory.budget import apply_budget, release_budget
+    from ..memory.fit.budget import apply_budget, release_budget
 
     if budget_bytes is None or not _is_cuda(device):
         yield None
@@ -70,8 +70,8 @@ def emulate_budget(budget_bytes: int | None, device: str = "cuda:0"):
 
 def usable_budget(budget_bytes: int, device: str) -> int:
     """What the allocator may use of a card of `budget_bytes` (the CUDA context comes first)."""
-    from ..memory.budget import DEFAULT_CONTEXT_BYTES
-    from ..memory.measure import cuda_context_bytes
+    from ..memory.fit.budget import DEFAULT_CONTEXT_BYTES
+    from ..memory.tracking.measure import cuda_context_bytes
 
     if not _is_cuda(device):
         return budget_bytes

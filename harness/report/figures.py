@@ -43,7 +43,7 @@ def draw(figure: dict[str, Any]) -> str:
 
 
 def estimate_error_data(rows: list[dict], tolerance: float | None = None) -> dict[str, Any]:
-    """From harness.memory.matrix.evaluate(...).rows."""
+    """From harness.memory.measured.matrix.evaluate(...).rows."""
     points = [{"arch": r["arch"], "precision": r["precision"], "mode": r["mode"], "seq_len": r.get("seq_len"),
                "batch": r.get("batch"), "measured_bytes": int(r["measured"]), "predicted_bytes": int(r["predicted"]),
                "error": round(float(r["error"]), 6)} for r in rows]
@@ -59,9 +59,9 @@ def fit_map_data(rows: list[dict], budget_bytes: int, context_bytes: int, headro
     directories): precision x context cells with the predicted prefill peak at batch 1 and
     whether it fits `budget_bytes` after `context_bytes` with `headroom`; measured prefill cases
     at batch 1 as points (their own out-of-memory outcome when they were run under this budget)."""
-    from ..memory.budget import fits
-    from ..memory.estimate import Query, estimate
-    from ..memory.shape import model_shape
+    from ..memory.fit.budget import fits
+    from ..memory.fit.estimate import Query, estimate
+    from ..memory.fit.shape import model_shape
 
     contexts = contexts or CONTEXTS
     models = list(dict.fromkeys([r["arch"] for r in rows] + list(extra_models or [])))
@@ -108,9 +108,9 @@ def train_fit_map_data(models: list[str], budget_bytes: int, context_bytes: int,
     attention and MLP projection, gradient checkpointing, AdamW, batch 1; a cell fits when
     `plan --train` would say so (the planned bytes, fragmentation room included, plus the
     training reserve after the CUDA context)."""
-    from ..memory.budget import fit_verdict
-    from ..memory.estimate import Query, estimate
-    from ..memory.shape import model_shape
+    from ..memory.fit.budget import fit_verdict
+    from ..memory.fit.estimate import Query, estimate
+    from ..memory.fit.shape import model_shape
 
     def cell(e) -> dict:  # plan's rule: an unverified family's uncertainty kept free
         verdict = fit_verdict(e.planned_bytes, budget_bytes, context_bytes, headroom,

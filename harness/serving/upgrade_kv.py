@@ -206,7 +206,7 @@ def predict(model_dir: str | Path, flags: list[str], logged: StartupMemory, vers
             gpu=None) -> Predicted | None:
     """The plan for the server these flags started: on the CPU build from the KV space its log
     echoed (VLLM_CPU_KVCACHE_SPACE, an input: exact); on a CUDA build the plan for `gpu` (the
-    card as CUDA reports it, harness.memory.gpus.Gpu). None where neither is known."""
+    card as CUDA reports it, harness.memory.fit.gpus.Gpu). None where neither is known."""
     return _as_predicted(_plan(model_dir, flags, logged, version, gpu))
 
 
@@ -219,13 +219,13 @@ def _as_predicted(plan) -> Predicted | None:
 
 def _plan(model_dir, flags: list[str], logged: StartupMemory, version: str, gpu):
     from ..errors import HarnessError
-    from ..memory import vllm_servers as vs
+    from ..memory.vllm import vllm_servers as vs
 
     try:
         if logged.device == "cpu" and logged.kv_cache_gib is not None:
             return vs.cpu_server_plan(model_dir, list(flags), {"VLLM_CPU_KVCACHE_SPACE": logged.kv_cache_gib}, version)
         if logged.device == "gpu" and gpu is not None:
-            from ..memory.vllm_plan import model_facts, plan
+            from ..memory.vllm.vllm_plan import model_facts, plan
 
             facts = model_facts(str(model_dir))
             return plan(facts, vs.gpu_query(facts, vs.flags_dict(list(flags)), gpu, version), search=False)
@@ -256,7 +256,7 @@ def rehearsal_kv(model_dir: str | Path, baseline: dict, candidate: dict, thresho
         sides.append(KvSide(version, logged, _as_predicted(plans[-1]), source))
     cause = ""
     if not any(p is None or isinstance(p, Predicted) for p in plans):
-        from ..memory.vllm_upgrade_cause import cause as plan_cause
+        from ..memory.vllm.vllm_upgrade_cause import cause as plan_cause
 
         cause = plan_cause(plans[0], plans[1], sides[0].version, sides[1].version)
     return gate_kv(sides[0], sides[1], threshold, cause)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from harness import atomic
-from harness.memory import estimate as E
+from harness.memory.fit import estimate as E
 from harness.modeldir import check_dir
 from harness.modeldir.safetensors_header import read_header
 from harness.models import save_random_model

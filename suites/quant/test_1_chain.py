@@ -51,7 +51,7 @@ def test_quantized_dir_passes_check_dir(quantized, chain, name, record):
 
 def test_stored_weights_are_what_estimate_predicts(quantized, group_size):
     """Every tensor of the GPTQ checkpoint, to the byte: packed + scales + shapes per Linear, bf16 rest."""
-    from harness.memory import estimate as E
+    from harness.memory.fit import estimate as E
 
     out = quantized.dir("gptq")
     shape = E.model_shape(out)  # from config.json (the directory is quantized)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.memory import estimate as E
+from harness.memory.fit import estimate as E
 
 MEASURED = json.loads((Path(__file__).resolve().parents[2] / "measurements" / "quant" / "h200-qwen2.5-1.5b.json").read_text())
 

@@ -89,7 +89,7 @@ class Served:
 class ServerPool:
     def __init__(self, settings, model_dir: Path, log_dir: Path, gpu=None):
         self.settings, self.model_dir, self.log_dir = settings, model_dir, log_dir
-        self.gpu = gpu  # harness.memory.gpus.Gpu of cuda:0, for the KV plan of a CUDA vLLM
+        self.gpu = gpu  # harness.memory.fit.gpus.Gpu of cuda:0, for the KV plan of a CUDA vLLM
         self._stack: contextlib.ExitStack | None = None
         self._current: Served | None = None
         self.started: list[str] = []
@@ -145,7 +145,7 @@ def serving_dir(report_dir) -> Path:
 
 def cuda_card(environment):
     """cuda:0 as CUDA reports it (torch's total, as vLLM reads it; else NVML's), or None."""
-    from harness.memory.gpus import Gpu
+    from harness.memory.fit.gpus import Gpu
 
     devices = getattr(environment.torch, "devices", None) or []
     if devices:
@@ -214,6 +214,6 @@ def bench(show_progress, quiet):
 
 def record_kv_plan(path: Path, kind: str, process: ServerProcess, model_dir: Path, gpu=None) -> None:
     """Issue 15: every server's predicted against logged KV cache tokens and max concurrency."""
-    from harness.memory.vllm_servers import append_record, server_kv_record
+    from harness.memory.vllm.vllm_servers import append_record, server_kv_record
 
     append_record(path, server_kv_record(kind, process, model_dir, gpu=gpu))

@@ -1,4 +1,4 @@
-"""vLLM's KV cache as predicted (harness.memory.vllm_plan) against what the server logged.
+"""vLLM's KV cache as predicted (harness.memory.vllm.vllm_plan) against what the server logged.
 
 Every server the suite starts is recorded in reports/serving/kv_plan.json by the pool. On the CPU
 build vLLM sizes the cache from VLLM_CPU_KVCACHE_SPACE, so the prediction must be exact; on a CUDA

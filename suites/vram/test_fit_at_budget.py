@@ -4,7 +4,7 @@ measured on the GPU drawn on it. With --model, that model gets its own panel and
 
 from __future__ import annotations
 
-from harness.memory.budget import DEFAULT_HEADROOM
+from harness.memory.fit.budget import DEFAULT_HEADROOM
 from harness.report.figures import fit_map_data
 from harness.report.fmt import size
 
@@ -42,8 +42,8 @@ TRAIN_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "qwen3-1.7b", "g
 def test_training_fit_map_matches_plan_train(settings, record):
     """The fit card for LoRA/QLoRA training: every cell is plan --train's verdict, and a longer
     context never fits where a shorter one did not."""
-    from harness.memory import budget as B
-    from harness.memory.estimate import model_shape
+    from harness.memory.fit import budget as B
+    from harness.memory.fit.estimate import model_shape
     from harness.report.figures import train_fit_map_data
 
     budget = settings.vram_budget or 6 * 2**30

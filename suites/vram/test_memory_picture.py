@@ -7,10 +7,10 @@ from __future__ import annotations
 import measurements
 import pytest
 
-from harness.memory import families_truth as T
-from harness.memory.estimate import Query, estimate
-from harness.memory.picture import parts
-from harness.memory.shape import model_shape
+from harness.memory.measured import families_truth as T
+from harness.memory.fit.estimate import Query, estimate
+from harness.memory.fit.picture import parts
+from harness.memory.fit.shape import model_shape
 
 CASES = (("gemma-2-2b", Query("nf4-dq", "train", seq_len=1024, lora_r=8, lora_targets=("all-linear",))),
          ("gemma-2-2b", Query("nf4-dq", "generate", seq_len=1024, new_tokens=32)))

@@ -1,7 +1,7 @@
 """A model that does not fit: the offload placement `plan --offload` predicts, loaded for real.
 
 On a GPU: the model (--model, default a random qwen2.5-3b: 6.2 GB of bf16 weights) is placed for
-the budget (--vram-budget, default 6 GiB) as harness.memory.offload plans it, loaded with that
+the budget (--vram-budget, default 6 GiB) as harness.memory.fit.offload plans it, loaded with that
 device_map under the emulated budget, and decoded; the measured ms per token is recorded beside
 the prediction. The prediction's accuracy is a benchmark figure (benchmarks/vram/memory_truth.py,
 measurements/vram/truth/), not a timed assertion: here it is reported, and a miss beyond 25%
@@ -26,8 +26,8 @@ def test_offloaded_model_runs_within_the_budget(settings, device, tmp_path_facto
 
     from harness import models
     from harness.hw.bandwidth import measure_d2d, measure_h2d
-    from harness.memory import offload as O
-    from harness.memory.measure import cuda_context_bytes
+    from harness.memory.fit import offload as O
+    from harness.memory.tracking.measure import cuda_context_bytes
 
     budget = settings.vram_budget or parse_bytes("6GiB")
     spec = settings.model or "qwen2.5-3b"
@@ -84,7 +84,7 @@ def test_measured_offload_on_the_h200(run, record):
     is a benchmark figure, quoted in measurements/vram/README.md, not asserted)."""
     import json
 
-    from harness.memory import offload as O
+    from harness.memory.fit import offload as O
     import measurements
 
     rows = json.loads((measurements.folder("vram/truth") / OFFLOAD_RUNS[run]).read_text())["rows"]

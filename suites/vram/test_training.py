@@ -17,8 +17,8 @@ import statistics
 import measurements
 import pytest
 
-from harness.memory import estimate as E
-from harness.memory.train_matrix import HOLDOUT_ARCHS, TARGET_SETS, evaluate_training, load_truth
+from harness.memory.fit import estimate as E
+from harness.memory.measured.train_matrix import HOLDOUT_ARCHS, TARGET_SETS, evaluate_training, load_truth
 from harness.units import format_bytes
 
 MEDIAN_GOAL = 0.03  # issue 13: median |error| out of sample, checkpointing on and off each

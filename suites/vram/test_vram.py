@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.memory import estimate as E
+from harness.memory.fit import estimate as E
 from harness.units import format_bytes
 
 MEDIAN_TOLERANCE = 0.05  # issue 4: median |error| of peak_bytes at most 5%
@@ -136,7 +136,7 @@ def test_live_prefill_on_gpu(precision, tmp_path, device, record):
 
     import torch
 
-    from harness.memory.measure import MemoryTracker
+    from harness.memory.tracking.measure import MemoryTracker
     from harness.models import load_model, save_random_model
 
     arch = "qwen2.5-0.5b"
@@ -171,7 +171,7 @@ def test_budget_emulation_ooms_past_the_budget(device, vram_budget, settings):
     Without --vram-budget this uses 6 GiB."""
     import torch
 
-    from harness.memory.budget import apply_budget, release_budget
+    from harness.memory.fit.budget import apply_budget, release_budget
     from harness.units import parse_bytes
 
     state = vram_budget or apply_budget(parse_bytes("6GiB"), device)
@@ -191,7 +191,7 @@ def test_held_out_architectures_within_tolerance(record):
     """phi-3-mini-4k (a family never fitted: fused qkv and gate_up projections) and qwen2.5-3b,
     measured after the calibration was frozen: the estimator must hold there too."""
     import measurements
-    from harness.memory.matrix import evaluate, load_matrix
+    from harness.memory.measured.matrix import evaluate, load_matrix
 
     rows, env = load_matrix(measurements.matrix_rows("vram/holdout"))
     s = evaluate(rows, env)

@@ -1,0 +1,76 @@
+"""Traced training steps kept on disk, by everything that decides them: the config, the recipe, the
+length and batch, the attention, the versions of torch / transformers / peft / bitsandbytes and the
+tracer's own source. A trace does not depend on the card, so `plan --train` at another budget (or
+`estimate --replay` after a plan) replays the steps it has already traced instead of tracing them
+again. Gzipped JSON under the harness cache (HARNESS_CACHE_DIR, default ~/.cache/llm-harness).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from ...env import probe_packages
+from ...models import default_cache_dir
+
+FORMAT = 1
+
+
+def _versions() -> dict[str, str | None]:
+    out = probe_packages(("torch", "transformers", "peft", "bitsandbytes"))
+    source = Path(__file__).with_name("step_trace.py").read_bytes()
+    out["step_trace"] = hashlib.sha256(source).hexdigest()[:16]
+    return out
+
+
+def recipe_key(config: dict, recipe, attention: str) -> str:
+    """The cache folder of one recipe (recipe: an estimate.Query; its length and batch left out:
+    each traced setting is a file in the folder)."""
+    what = {"format": FORMAT, "config": config, "attention": attention, "versions": _versions(),
+            "recipe": {k: getattr(recipe, k) for k in ("precision", "lora_r", "lora_targets", "grad_checkpointing",
+                                                       "optimizer")}}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=list).encode()).hexdigest()
+
+
+def _path(rk: str, seq_len: int, batch: int) -> Path:
+    return default_cache_dir() / "step-traces" / rk / f"{seq_len}x{batch}.json.gz"
+
+
+def settings(rk: str) -> list[tuple[int, int]]:
+    """The (seq_len, batch) settings of the recipe traced before."""
+    out = []
+    for p in (default_cache_dir() / "step-traces" / rk).glob("*x*.json.gz"):
+        seq, _, batch = p.name.removesuffix(".json.gz").partition("x")
+        if seq.isdigit() and batch.isdigit():
+            out.append((int(seq), int(batch)))
+    return sorted(out)
+
+
+def load(rk: str, seq_len: int, batch: int):
+    """The StepTrace stored for that setting, or None (absent or unreadable: traced again)."""
+    from .step_trace import StepTrace
+
+    try:
+        data = json.loads(gzip.decompress(_path(rk, seq_len, batch).read_bytes()))
+        return StepTrace([tuple(e) for e in data["events"]], int(data["train_at"]), bool(data.get("rounded", False)))
+    except (OSError, ValueError, KeyError, TypeError, EOFError):
+        return None
+
+
+def save(rk: str, seq_len: int, batch: int, trace) -> None:
+    """Stored atomically; a cache that cannot be written is skipped (the trace is still used)."""
+    path = _path(rk, seq_len, batch)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        blob = gzip.compress(json.dumps({"events": trace.events, "train_at": trace.train_at,
+                                         "rounded": trace.rounded}).encode(), 3)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trace-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(blob)
+        os.replace(tmp, path)
+    except OSError:
+        pass
