@@ -127,7 +127,7 @@ def test_bad_queries_raise_usage_errors(bad, msg):
 
 
 def test_known_families_answer_fast_without_torch():
-    code = ("import sys, time; t=time.perf_counter(); from harness.memory import estimate as E;"
+    code = ("import sys, time; t=time.perf_counter(); from harness.memory.fit import estimate as E;"
             "s=E.model_shape('qwen2.5-7b');"
             "[E.estimate(s, E.Query(p, m, seq_len=n)) for p in E.PRECISIONS for m in E.MODES for n in (512, 8192)];"
             "print(time.perf_counter()-t, 'torch' in sys.modules)")

@@ -248,3 +248,17 @@ def test_three_cached_lengths_make_a_new_one_without_tracing(tiny_config, tmp_pa
     fresh = subprocess.run([*args, "--seq-len", "700"], capture_output=True, text=True, cwd=REPO,
                            env={**env, "HARNESS_CACHE_DIR": str(tmp_path / "cold")})
     assert json.loads(made.stdout)[0]["replay"] == json.loads(fresh.stdout)[0]["replay"]
+
+
+def test_a_trace_leaves_bitsandbytes_quantizing_real_weights(tiny_model_dir):
+    """bitsandbytes caches its 8-bit map on the device of the first tensor it quantizes: a trace
+    (meta tensors) must not leave a meta map behind for the real loads of the same process."""
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("peft")
+    from harness.memory.fit.estimate import Query
+    from harness.memory.replay.step_trace import trace_training_step
+    from harness.models import load_model
+
+    trace_training_step(TINY, Query("nf4-dq", "train", seq_len=64, lora_r=8, lora_targets=("q_proj", "v_proj")))
+    model = load_model(tiny_model_dir, "nf4-dq", "cpu")
+    assert any(type(m).__name__ == "Linear4bit" for m in model.modules())

@@ -21,7 +21,7 @@ HEAD = """
 import json, sys, warnings
 from dataclasses import replace
 warnings.filterwarnings("ignore")
-from harness.memory import step_trace as S
+from harness.memory.replay import step_trace as S
 from harness.memory.fit.estimate import Query
 config = json.loads(sys.argv[1])
 recipe = Query("nf4-dq", "train", lora_r=8, lora_targets=("q_proj", "v_proj"), optimizer=sys.argv[2])

@@ -408,12 +408,21 @@ def _quantize(model, name: str, rec: _Recorder, quant_type: str) -> None:
 
     linear = model.get_submodule(name)
     _quantize_events(rec, linear.weight.numel(), linear.weight.element_size())
-    with _disable_current_modes():  # the events above stand for what this makes
-        new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                compute_dtype=linear.weight.dtype, compress_statistics=True, quant_type=quant_type,
-                                device="meta")
-        packed, state = bnb.functional.quantize_4bit(linear.weight.data, blocksize=64, compress_statistics=True,
-                                                    quant_type=quant_type)
+    # bitsandbytes caches its 8-bit map on the device of the first tensor it quantizes
+    # (functional.name2qmap): a map made here would be a meta tensor that every later real
+    # quantization in this process then fails to copy ("Cannot copy out of meta tensor")
+    qmaps = dict(bnb.functional.name2qmap)
+    bnb.functional.name2qmap.clear()
+    try:
+        with _disable_current_modes():  # the events above stand for what this makes
+            new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                                    compute_dtype=linear.weight.dtype, compress_statistics=True,
+                                    quant_type=quant_type, device="meta")
+            packed, state = bnb.functional.quantize_4bit(linear.weight.data, blocksize=64, compress_statistics=True,
+                                                        quant_type=quant_type)
+    finally:
+        bnb.functional.name2qmap.clear()
+        bnb.functional.name2qmap.update(qmaps)
     rec.stand_for((packed, state.absmax, state.code, state.offset, state.state2.absmax, state.state2.code))
     new.weight = bnb.nn.Params4bit(packed, requires_grad=False, quant_state=state, quant_type=quant_type,
                                    compress_statistics=True, bnb_quantized=True, module=new)
