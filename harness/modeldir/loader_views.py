@@ -235,6 +235,8 @@ def _torch_zip(path: str, fh, out: LoaderRead, torch) -> None:
         reader = torch._C.PyTorchFileReader(fh)
         records = list(reader.get_all_records())
     except Exception as exc:  # noqa: BLE001 - torch.load raises the same: nothing is unpickled
+        if _out_of_memory(exc):
+            raise MemoryError(_line(exc)) from None
         out.formats.append(f"zip torch cannot open ({_line(exc)})")
         _zip_only(path, out)
         return
@@ -250,6 +252,8 @@ def _torch_zip(path: str, fh, out: LoaderRead, torch) -> None:
                 continue
             torch_bytes[record] = bytes(reader.get_record(record))
         except Exception as exc:  # noqa: BLE001
+            if _out_of_memory(exc):  # the read child's memory limit, which it reports as such
+                raise MemoryError(_line(exc)) from None
             out.unverifiable.append(f"{record}: torch's zip reader fails on it ({_line(exc)})")
             continue
         run = read_bytes(torch_bytes[record])
@@ -440,6 +444,13 @@ def _line_text(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     first = lines[0] if lines else "refused"
     return first if len(first) <= 200 else first[:197] + "..."
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """torch's C++ readers report an allocation refused under the read child's limit as a
+    RuntimeError with the C library's words, not a MemoryError."""
+    text = str(exc)
+    return isinstance(exc, MemoryError) or "Cannot allocate memory" in text or "std::bad_alloc" in text
 
 
 def _line(exc: Exception) -> str:

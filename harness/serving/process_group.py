@@ -117,12 +117,15 @@ def _release(pgid: int) -> int | None:
 
 def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM the process group, wait until its members (not only the leader) are gone, then
-    SIGKILL what is left. Safe to call twice."""
+    SIGKILL what is left; with no grace (grace_s <= 0) SIGKILL at once, as a crash would: vLLM
+    answers a SIGTERM by failing its open requests politely (HTTP 500, error frames). Safe to call
+    twice."""
     pgid = proc.pid
     with _LOCK:
         reaper = _LIVE.get(pgid, (None, None))[0]
     but = reaper.pid if reaper is not None else None
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+    steps = ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)) if grace_s > 0 else ((signal.SIGKILL, 5.0),)
+    for sig, wait in steps:
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:

@@ -149,7 +149,7 @@ def test_server_killed_mid_run_gives_failed_requests_and_a_report(server_pool, s
         time.sleep(4.0)
         assert bench.poll() is None, "the bench ended before the kill: make the workload longer"
         killed_at = time.monotonic()
-        served.process.kill(grace_s=0)  # SIGTERM then SIGKILL of the whole process group
+        served.process.kill(grace_s=0)  # SIGKILL of the whole process group: a crash
         _, stderr = bench.communicate(timeout=60)
     finally:
         if bench.poll() is None:
