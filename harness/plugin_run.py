@@ -159,6 +159,18 @@ def runs_no_test(config) -> str | None:
     return f"{flag}: no test ran" if flag else None
 
 
+def _free_stamp(report_dir: Path, suite: str) -> str:
+    """The run's time stamp, a second later while a report of that name exists: two runs started
+    in one second (scripts/test's second run after a one-second first) must not share a file."""
+    now = time.time()
+    for _ in range(120):
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+        if not any((report_dir / f"{suite}-{stamp}{ext}").exists() for ext in (".json", ".html")):
+            return stamp
+        now += 1
+    return stamp
+
+
 class HarnessRun:
     """One run: settings, environment, results (written after each test) and the report hooks."""
 
@@ -168,7 +180,7 @@ class HarnessRun:
         self.environment = environment
         self.html_fragments: list[tuple[str, str]] = []
         self.no_report = runs_no_test(config)  # why this run writes nothing (it runs no test), or None
-        suite, stamp = suite_name(config), time.strftime("%Y%m%d-%H%M%S")
+        suite, stamp = suite_name(config), _free_stamp(settings.report_dir, suite_name(config))
         if not self.no_report:
             settings.report_dir.mkdir(parents=True, exist_ok=True)
         # The harness writes its own report (harness.report.run_html) next to the JSON; pytest-html
