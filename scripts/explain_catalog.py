@@ -1,5 +1,5 @@
 """Mine the messages the installed libraries can raise or log, from their own source, into
-harness/explain/data/catalog.json (the data `explain` matches pasted text against).
+harness/explain/data/catalog.json.gz (the data `explain` matches pasted text against).
 
 For every `raise X(...)`, `logger.warning/error/critical/exception(...)` (and `warning_once`) and
 `warnings.warn(...)` call site in vllm, transformers, peft, bitsandbytes, accelerate, trl, torch
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import json
 import re
 import sys
@@ -30,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "harness" / "explain" / "data" / "catalog.json"
+OUT = ROOT / "harness" / "explain" / "data" / "catalog.json.gz"
 WILD = "{*}"
 # (library, the parts of the package mined; None: all of it)
 LIBRARIES = {
@@ -337,7 +338,8 @@ def main(argv=None) -> int:
     # one site per line: a rebuild after an upgrade diffs line by line
     head = json.dumps({k: v for k, v in out.items() if k != "sites"}, indent=1, ensure_ascii=False)
     body = ",\n".join(json.dumps(row, separators=(",", ":"), ensure_ascii=False) for row in sites)
-    Path(args.out).write_text(head[:-2] + ',\n "sites": [\n' + body + "\n]}\n")
+    text = head[:-2] + ',\n "sites": [\n' + body + "\n]}\n"
+    Path(args.out).write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))  # mtime 0: the same bytes each build
     print(f"written: {args.out} ({Path(args.out).stat().st_size / 1024**2:.1f} MiB, {len(sites)} templates)")
     return 0
 

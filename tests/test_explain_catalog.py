@@ -1,4 +1,4 @@
-"""The catalog of the libraries' own messages (harness/explain/data/catalog.json, built by
+"""The catalog of the libraries' own messages (harness/explain/data/catalog.json.gz, built by
 scripts/explain_catalog.py from the installed venvs): what it records, that it is what the
 installed code says, and how explain matches a pasted text against it (whole, cut, wrapped,
 decorated) without claiming a kind for text that is not this field's."""
@@ -6,6 +6,7 @@ decorated) without claiming a kind for text that is not this field's."""
 from __future__ import annotations
 
 import importlib.util
+import gzip
 import json
 import re
 from pathlib import Path
@@ -16,7 +17,7 @@ from harness.explain import KINDS, explain
 from harness.explain.catalog import DATA, load
 
 ROOT = Path(__file__).resolve().parents[1]
-CATALOG = json.loads(DATA.read_text())
+CATALOG = json.loads(gzip.decompress(DATA.read_bytes()))
 
 
 def _script():

@@ -1,5 +1,5 @@
 """The libraries' own messages: match a pasted text against the templates mined from their raise
-and logging call sites (scripts/explain_catalog.py -> harness/explain/data/catalog.json).
+and logging call sites (scripts/explain_catalog.py -> harness/explain/data/catalog.json.gz).
 
 A template is the message with its run-time fields as wildcards ("Target modules {*} not found in
 the base model. Please check the target modules and try again."). Matching is indexed: every
@@ -15,6 +15,7 @@ it, and the kind the catalog's rules map it to (None when no rule does).
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from collections import Counter
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-DATA = Path(__file__).parent / "data" / "catalog.json"
+DATA = Path(__file__).parent / "data" / "catalog.json.gz"  # generated; gzip keeps the package small
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
 _WINDOW_BEFORE, _WINDOW_AFTER = 600, 2400
 MIN_MATCHED = 24
@@ -145,7 +146,7 @@ def _last_occurrences(text: str, word: str, limit: int = 3) -> list[int]:
 def load() -> Catalog | None:
     if not DATA.is_file():
         return None
-    return Catalog(json.loads(DATA.read_text(encoding="utf-8")))
+    return Catalog(json.loads(gzip.decompress(DATA.read_bytes()).decode("utf-8")))
 
 
 def match(text: str) -> Site | None:
