@@ -24,10 +24,24 @@ from .units import comma_list, parse_bytes
 DEVICES = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 HW_LEVELS = ("quick", "full")
 
+
+
+def pinned_vllm_versions() -> tuple[str, str]:
+    """The vLLM releases the project pins (current, baseline): $HARNESS_VLLM_VERSIONS, else
+    vllm_pins.txt (package data; scripts/lib.sh reads the same file)."""
+    text = os.environ.get("HARNESS_VLLM_VERSIONS") or (Path(__file__).with_name("vllm_pins.txt")).read_text()
+    versions = [w for line in text.splitlines() if not line.lstrip().startswith("#") for w in line.split()]
+    if len(versions) < 2:
+        raise UsageError(f"HARNESS_VLLM_VERSIONS / vllm_pins.txt name {len(versions)} vLLM version(s), not two "
+                         "(the current one, then the upgrade rehearsal's baseline)")
+    return versions[0], versions[1]
+
+
 # Where the README's set-up command puts the CPU builds of vLLM (current, and the older one
 # used by the upgrade rehearsal), relative to the project root.
-DEFAULT_VLLM_VENV = Path(".venvs") / "vllm-0.32.0"
-DEFAULT_BASELINE_VLLM_VENV = Path(".venvs") / "vllm-0.31.0"
+PINNED_VLLM, BASELINE_VLLM = pinned_vllm_versions()
+DEFAULT_VLLM_VENV = Path(".venvs") / f"vllm-{PINNED_VLLM}"
+DEFAULT_BASELINE_VLLM_VENV = Path(".venvs") / f"vllm-{BASELINE_VLLM}"
 # The quantizer's venv (llm-compressor pins its own transformers and compressed-tensors).
 DEFAULT_LLMCOMPRESSOR_VENV = Path(".venvs") / "llmcompressor"
 

@@ -7,7 +7,8 @@ PYTHON="${HARNESS_PYTHON:-python3}"
 # torch is installed first, per platform: on a machine with local CPU wheels, torch==2.13.0 takes
 # the CPU build; elsewhere set HARNESS_TORCH, e.g. "torch --index-url https://download.pytorch.org/whl/cu130".
 TORCH_SPEC="${HARNESS_TORCH:-torch==2.13.0}"
-VLLM_VERSIONS="${HARNESS_VLLM_VERSIONS:-0.32.0 0.31.0}"
+# The vLLM releases pinned, current first: harness/vllm_pins.txt (harness/settings.py reads it too).
+VLLM_VERSIONS="${HARNESS_VLLM_VERSIONS:-$(grep -v '^#' "$ROOT/harness/vllm_pins.txt" | tr -s ' \n' '  ' | sed 's/^ *//; s/ *$//')}"
 LLMCOMPRESSOR_VERSION="${HARNESS_LLMCOMPRESSOR_VERSION:-0.14.0.1}"
 
 say() { printf '[setup] %s\n' "$*" >&2; }

@@ -22,6 +22,8 @@ PYTHON = sys.executable  # the interpreter the fake venvs below "run on"
 def checkout(tmp_path):
     """A checkout root with no venvs yet: lib.sh stamps .venv with pyproject.toml's hash."""
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "harness").mkdir()
+    shutil.copy(ROOT / "harness" / "vllm_pins.txt", tmp_path / "harness" / "vllm_pins.txt")  # lib.sh's VLLM_VERSIONS
     return tmp_path
 
 
@@ -192,3 +194,17 @@ def test_vllm_hint_points_at_the_setup_that_builds_it():
     assert "scripts/setup --serving" in hint
     text = (ROOT / "scripts" / "setup").read_text()
     assert "--serving) serving=1" in text and 'ensure_vllm_venv "$v"' in text
+
+
+def test_lib_sh_and_settings_read_the_one_vllm_pin(tmp_path):
+    from harness import settings
+
+    def versions(env):
+        out = subprocess.run(["bash", "-c", f'source {LIB}; echo "$VLLM_VERSIONS"'], capture_output=True, text=True,
+                             timeout=30, env=env)
+        return out.stdout.split()
+
+    environ = {k: v for k, v in os.environ.items() if k != "HARNESS_VLLM_VERSIONS"}
+    assert versions(environ) == [settings.PINNED_VLLM, settings.BASELINE_VLLM]
+    assert settings.DEFAULT_VLLM_VENV.name == f"vllm-{settings.PINNED_VLLM}"
+    assert versions(dict(environ, HARNESS_VLLM_VERSIONS="9.1.0 9.0.0")) == ["9.1.0", "9.0.0"]

@@ -14,8 +14,10 @@ from pathlib import Path
 
 def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    from ..settings import DEFAULT_VLLM_VENV
+
     parser.add_argument("--vllm-python", default=None,
-                        help="python of the venv holding vLLM (default: .venvs/vllm-0.32.0/bin/python)")
+                        help=f"python of the venv holding vLLM (default: {DEFAULT_VLLM_VENV}/bin/python)")
 
 
 def run(args) -> int:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.settings import DEFAULT_VLLM_VENV
+
 PROMPTS = ["The model loads the weights quickly on the cpu.", "Question: why? Answer: the kv cache!"]
 
 
@@ -67,5 +69,5 @@ def chain(base_model_dir, tmp_path_factory) -> Chain:
 @pytest.fixture(scope="session")
 def vllm_python(settings):
     if settings.vllm_python is None:
-        pytest.skip("no vLLM interpreter (--vllm-python, or .venvs/vllm-0.32.0)")
+        pytest.skip(f"no vLLM interpreter (--vllm-python, or {DEFAULT_VLLM_VENV})")
     return settings.vllm_python

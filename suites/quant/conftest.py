@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.settings import DEFAULT_VLLM_VENV
+
 CALIBRATION = (16, 64)  # samples x tokens
 EVALUATION = (8, 128)
 AWQ_N_GRID = 4  # AWQ's scale grid (default 20): on 2 CPU cores 20 points take minutes
@@ -173,5 +175,5 @@ def logits(chain, quantized, eval_ids, llmcompressor_python, report_dir, show_pr
 @pytest.fixture(scope="session")
 def vllm_python(settings):
     if settings.vllm_python is None:
-        pytest.skip("no vLLM interpreter (--vllm-python, or .venvs/vllm-0.32.0)")
+        pytest.skip(f"no vLLM interpreter (--vllm-python, or {DEFAULT_VLLM_VENV})")
     return settings.vllm_python

@@ -13,6 +13,7 @@ import pytest
 
 from harness.serving import sdk
 from harness.serving.client import RequestSpec, run_load
+from harness.settings import DEFAULT_VLLM_VENV
 
 # Not `alone`: what it asserts is content and token counts (greedy, float32), never a time; its
 # tokens/s is recorded only. scripts/test runs it in the parallel phase, beside other tests.
@@ -41,7 +42,7 @@ def real_server(server_pool, settings, serving_dir, show_progress):
     if settings.endpoint:
         pytest.skip("--endpoint given: this file starts its own server of the real model")
     if settings.vllm_python is None:
-        pytest.skip("no vLLM interpreter (--vllm-python, or .venvs/vllm-0.32.0)")
+        pytest.skip(f"no vLLM interpreter (--vllm-python, or {DEFAULT_VLLM_VENV})")
     try:
         with show_progress():
             model = smollm2_dir(settings.cache_dir / "models")
