@@ -13,12 +13,105 @@ tests also need a quiet machine: the runnable tasks of others are counted before
 
 from __future__ import annotations
 
+import fnmatch
+import re
 import statistics
 import time
+from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["harness.plugin"]
+
+ROOT = Path(__file__).resolve().parent
+ALONE_FILES, ALONE_UNSEEN = pytest.StashKey[set](), pytest.StashKey[set]()
+ALONE_MARK = re.compile(r"\bmark\.alone\b")  # `pytest.mark.alone` in a decorator or a module's pytestmark
+
+
+def alone_files(root: Path = ROOT) -> set[str]:
+    """The test files (relative to root) that mark a test `alone`, found by reading their text: what
+    scripts/test's serial run collects (--only-alone-files), instead of collecting the whole tree to
+    select ~90 of 1,650 tests (~8 CPU-s). A test marked any other way is refused (pytest_deselected)."""
+    found = set()
+    for top in ("tests", "suites"):
+        for path in (root / top).rglob("*.py"):
+            if "__pycache__" not in path.parts and _is_test_file(path.name) and ALONE_MARK.search(path.read_text(errors="replace")):
+                found.add(path.relative_to(root).as_posix())
+    return found
+
+
+def _is_test_file(name: str) -> bool:
+    return fnmatch.fnmatch(name, "test_*.py") or fnmatch.fnmatch(name, "*_test.py")
+
+
+def _alone_files(config) -> set[str]:
+    if ALONE_FILES not in config.stash:
+        config.stash[ALONE_FILES] = alone_files(config.rootpath)
+    return config.stash[ALONE_FILES]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--only-alone-files", action="store_true", default=False,
+                     help="collect only the test files that mark a test `alone` (scripts/test's serial run)")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under --only-alone-files: a test file without the marker, and a folder holding none, is not collected."""
+    if not config.getoption("only_alone_files"):
+        return None
+    try:
+        rel = collection_path.relative_to(config.rootpath).as_posix()
+    except ValueError:
+        return None
+    files = _alone_files(config)
+    if collection_path.is_dir():
+        return True if rel != "." and not any(f.startswith(rel + "/") for f in files) else None
+    return True if _is_test_file(collection_path.name) and rel not in files else None
+
+
+def pytest_deselected(items):
+    """Every test marked `alone` is in a file alone_files finds: else scripts/test's parallel run
+    leaves it out (-m "not alone") and its serial run never collects it. Checked on the tests -m
+    deselects (after every conftest has marked them); refused in pytest_collection_finish."""
+    if not items:
+        return
+    config = items[0].config
+    files, root = _alone_files(config), config.rootpath
+    missed = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("alone")
+              and item.path.is_relative_to(root) and item.path.relative_to(root).as_posix() not in files}
+    config.stash[ALONE_UNSEEN] = config.stash.get(ALONE_UNSEEN, set()) | missed
+
+
+UNSEEN_KEY = "harness_alone_unseen"  # in xdist's workeroutput: a worker's collection found some
+
+
+def _unseen_message(missed) -> str:
+    return (f"marked alone where conftest.alone_files cannot see it (write `pytest.mark.alone` in the file, "
+            f"or scripts/test runs it nowhere): {', '.join(sorted(missed))}")
+
+
+def pytest_collection_finish(session):
+    missed = session.config.stash.get(ALONE_UNSEEN, set())
+    if missed and hasattr(session.config, "workeroutput"):  # an xdist worker: the controller says it
+        session.config.workeroutput[UNSEEN_KEY] = sorted(missed)
+    elif missed:
+        raise pytest.UsageError(_unseen_message(missed))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    missed = getattr(node, "workeroutput", {}).get(UNSEEN_KEY)
+    if missed:
+        node.config.stash[ALONE_UNSEEN] = node.config.stash.get(ALONE_UNSEEN, set()) | set(missed)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """The controller of an xdist run: a worker's refusal makes the run's exit a usage error (4)."""
+    missed = session.config.stash.get(ALONE_UNSEEN, set())
+    if missed and not hasattr(session.config, "workeroutput") and session.exitstatus != pytest.ExitCode.USAGE_ERROR:
+        session.config.get_terminal_writer().line(f"ERROR: {_unseen_message(missed)}", red=True)
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
 
 def work_unit(nodeid: str) -> str:
@@ -28,21 +121,23 @@ def work_unit(nodeid: str) -> str:
     return "/".join(parts[:2]) if parts[0] == "suites" and len(parts) > 2 else path
 
 
-# The units that take longest, in seconds: the fresh-clone scripts/test at 5bb48b0 on the 2-core box (2
-# workers, 2026-12-05), the tests' call time plus the set-up its logs show (suites/quant: the LoRA chain,
-# llm-compressor and logits processes, ~75 s; a fixture's vLLM start, ~20 s: suites/serving's real-model
-# file, test_serving_vocab). They are collected first, longest first, and xdist hands units out in
-# collection order, so that no worker starts a long unit while the others have finished. A unit missing
-# here only loses its place in the queue.
+# The units that take longest, in seconds: the fresh-clone scripts/test at the 2-core box's run of
+# 2026-12-05 06:12 (2 workers, quiet box), the tests' call time plus the set-up its --durations list
+# shows (suites/quant: the LoRA chain, llm-compressor and logits processes, ~75 s; a fixture's vLLM
+# start, ~20 s: suites/serving's real-model file, test_serving_vocab). They are collected first, longest
+# first, and xdist hands units out in collection order, so that no worker starts a long unit while the
+# others have finished (that run's gate-servers file, 105 s and missing here, ran last on one worker).
+# A unit missing here only loses its place in the queue.
 LONGEST = {
-    "suites/quant": 115, "tests/test_vllm_plan_cpu.py": 78, "tests/test_replay_limits.py": 72, "suites/modeldir": 60,
-    "suites/serving": 40, "tests/test_step_trace.py": 38, "tests/test_gguf_dir.py": 32, "tests/test_serving_vocab.py": 30,
-    "tests/test_hw_readiness.py": 29, "tests/test_fleet_ray.py": 29, "tests/test_report_paths.py": 27,
-    "tests/test_serving_gate_cmd.py": 26, "tests/test_estimate_uncertainty.py": 26, "tests/test_drift.py": 25,
-    "tests/test_docs.py": 24, "tests/test_explain_launcher.py": 22, "tests/test_report_browser.py": 22,
-    "tests/test_serving_cli.py": 21, "tests/test_foundation_plugin.py": 18, "suites/nan": 15,
-    "tests/test_vllm_plan_layouts.py": 14, "tests/test_estimate_cache_layout.py": 13, "tests/test_estimate_cli.py": 12,
-    "tests/test_pickle_differentials.py": 12, "tests/test_fleet_node_run.py": 11,
+    "suites/quant": 115, "tests/test_serving_gate_servers.py": 106, "tests/test_vllm_plan_cpu.py": 66,
+    "suites/modeldir": 60, "suites/serving": 44, "tests/test_replay_limits.py": 39, "tests/test_memory_families.py": 37,
+    "tests/test_serving_vocab.py": 31, "tests/test_gguf_dir.py": 28, "tests/test_drift.py": 27,
+    "tests/test_step_trace.py": 25, "tests/test_serving_gate_cmd.py": 25, "tests/test_estimate_uncertainty.py": 25,
+    "tests/test_fleet_ray.py": 24, "tests/test_explain_launcher.py": 23, "tests/test_docs.py": 21,
+    "tests/test_report_browser.py": 20, "tests/test_hw_readiness.py": 20, "tests/test_serving_cli.py": 19,
+    "tests/test_pickle_differentials.py": 18, "tests/test_step_trace_speed.py": 17, "suites/nan": 16,
+    "tests/test_server_dies_with_session.py": 11, "tests/test_vllm_plan_layouts.py": 11, "tests/test_fleet_node_run.py": 10,
+    "tests/test_estimate_cli.py": 9, "tests/test_serving_compare.py": 9, "tests/test_estimate_cache_layout.py": 9,
 }
 
 
