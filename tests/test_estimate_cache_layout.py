@@ -7,7 +7,8 @@ import pytest
 
 from harness.errors import UsageError
 from harness.memory.fit.cache_layout import real_cache_bytes
-from harness.memory.fit.estimate import Query, estimate, model_shape
+from harness.memory.fit.estimate import Query, estimate
+from harness.memory.fit.shape import model_shape
 
 from memory_tiny_families import FAMILIES, build, config_dict
 

@@ -122,8 +122,9 @@ def test_plan_says_what_fits_on_6gib(capsys):
     # the plan is consistent with the estimator: the longest context fits, one more token does not
     from harness.commands.model_options import DEFAULT_NEW_TOKENS as new
     from harness.memory.fit import budget as B, estimate as E
+    from harness.memory.fit.shape import model_shape
 
-    shape = E.model_shape("qwen2.5-3b")
+    shape = model_shape("qwen2.5-3b")
     best = plans["nf4"]["max_seq_len"]
     peak = lambda s: E.estimate(shape, E.Query("nf4", "generate", seq_len=s - new, new_tokens=new)).peak_bytes  # noqa: E731
     assert B.fits(peak(best), data["budget_bytes"], data["context_bytes"], data["headroom"])

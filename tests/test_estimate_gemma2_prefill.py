@@ -9,7 +9,8 @@ import json
 import pytest
 
 import measurements
-from harness.memory.fit.estimate import Query, estimate, model_shape
+from harness.memory.fit.estimate import Query, estimate
+from harness.memory.fit.shape import model_shape
 from harness.memory.family.families import at_transformers
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.memory.fit.budget import fits, plan
-from harness.memory.fit.estimate import model_shape
+from harness.memory.fit.shape import model_shape
 from harness.errors import UsageError
 from harness.memory.tracking.measure import MemoryTracker
 

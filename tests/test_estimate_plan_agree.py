@@ -14,7 +14,8 @@ import pytest
 
 from harness.commands.estimate import _verdicts
 from harness.memory.fit import budget as B
-from harness.memory.fit.estimate import Query, estimate, model_shape
+from harness.memory.fit.estimate import Query, estimate
+from harness.memory.fit.shape import model_shape
 
 GIB = 2**30
 QUICK_START = dict(lora_r=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"), optimizer="paged_adamw_8bit",

@@ -9,14 +9,16 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from harness.memory.fit import estimate as E
+from harness.memory.fit.shape import model_shape
+from harness.memory.fit.weights import PRECISIONS, kv_cache_bytes, quantized_linear_bytes, weight_breakdown
 from harness.errors import UsageError
 
 REFS = ["qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "tinyllama-1.1b", "smollm2-1.7b",
         "mistral-7b-v0.3", "phi-3-mini-4k", "qwen2.5-7b"]
-SHAPES = {name: E.model_shape(name) for name in REFS}
+SHAPES = {name: model_shape(name) for name in REFS}
 
 arch = st.sampled_from(REFS)
-precision = st.sampled_from(E.PRECISIONS)
+precision = st.sampled_from(PRECISIONS)
 seq = st.integers(min_value=1, max_value=32768)
 batch = st.integers(min_value=1, max_value=16)
 mode = st.sampled_from(["prefill", "generate", "train"])
@@ -77,19 +79,19 @@ def test_weights_follow_the_bitsandbytes_layout():
     s = SHAPES["qwen2.5-0.5b"]
     emb = 151936 * 896 * 2
     for p in ("int8", "nf4", "nf4-dq", "fp4"):
-        assert E.weight_breakdown(s, p)["embeddings"] == emb
-        assert E.weight_breakdown(s, p)["lm_head"] == 0  # tied
+        assert weight_breakdown(s, p)["embeddings"] == emb
+        assert weight_breakdown(s, p)["lm_head"] == 0  # tied
     # one 4864 x 896 MLP matrix: nf4 = n/2 + 4 bytes per 64; dq = n/2 + n/64 + 4 per 256 blocks
     n = 4864 * 896
     blocks = lambda x: -(-x // 512) * 512  # noqa: E731
-    assert E.quantized_linear_bytes(896, 4864, "nf4") == blocks(n // 2) + blocks(4 * n // 64) + 512
-    dq = E.quantized_linear_bytes(896, 4864, "nf4-dq")
+    assert quantized_linear_bytes(896, 4864, "nf4") == blocks(n // 2) + blocks(4 * n // 64) + 512
+    dq = quantized_linear_bytes(896, 4864, "nf4-dq")
     assert blocks(n // 2) + blocks(n // 64) < dq < blocks(n // 2) + blocks(n // 64) + 4096
     # int8: CB int8 + SCB float32 per output row
-    assert E.quantized_linear_bytes(896, 4864, "int8") == blocks(n) + blocks(4 * 4864)
+    assert quantized_linear_bytes(896, 4864, "int8") == blocks(n) + blocks(4 * 4864)
     # untied models keep an lm_head in the torch dtype
     t = SHAPES["tinyllama-1.1b"]
-    assert E.weight_breakdown(t, "nf4")["lm_head"] == 32000 * 2048 * 2
+    assert weight_breakdown(t, "nf4")["lm_head"] == 32000 * 2048 * 2
 
 
 def test_bf16_weights_match_published_parameter_counts():
@@ -102,7 +104,7 @@ def test_bf16_weights_match_published_parameter_counts():
 
 def test_gqa_kv_cache():
     s = SHAPES["qwen2.5-1.5b"]  # 28 layers, 2 kv heads, head_dim 128
-    assert E.kv_cache_bytes(s, "bf16", batch=1, tokens=1024) == 2 * 28 * 2 * 128 * 2 * 1024
+    assert kv_cache_bytes(s, "bf16", batch=1, tokens=1024) == 2 * 28 * 2 * 128 * 2 * 1024
 
 
 def test_training_includes_loss_upcast_and_adapter_states():
@@ -128,8 +130,9 @@ def test_bad_queries_raise_usage_errors(bad, msg):
 
 def test_known_families_answer_fast_without_torch():
     code = ("import sys, time; t=time.perf_counter(); from harness.memory.fit import estimate as E;"
-            "s=E.model_shape('qwen2.5-7b');"
-            "[E.estimate(s, E.Query(p, m, seq_len=n)) for p in E.PRECISIONS for m in E.MODES for n in (512, 8192)];"
+            "from harness.memory.fit.shape import model_shape; from harness.memory.fit.weights import PRECISIONS;"
+            "s=model_shape('qwen2.5-7b');"
+            "[E.estimate(s, E.Query(p, m, seq_len=n)) for p in PRECISIONS for m in E.MODES for n in (512, 8192)];"
             "print(time.perf_counter()-t, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert float(out[0]) < 1.0

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from harness.memory.fit.budget import DEFAULT_CONTEXT_BYTES, default_headroom
-from harness.memory.fit.estimate import Query, estimate, model_shape
+from harness.memory.fit.estimate import Query, estimate
+from harness.memory.fit.shape import model_shape
 from harness.memory.family.families import UNVERIFIED_MARGIN
 
 GIB = 2**30

@@ -7,6 +7,10 @@ import pytest
 
 from harness.errors import UsageError
 from harness.memory.fit import estimate as E
+from harness.memory.fit.calibration import CALIBRATION, calibration_key
+from harness.memory.fit.lora import (adapter_bytes, check_lora_targets, lora_params, optimizer_name,
+                                     resolve_lora_targets)
+from harness.memory.fit.shape import model_shape
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128}
@@ -52,31 +56,31 @@ def _wrapped(model) -> int:
 ])
 def test_resolution_matches_what_peft_wraps(family, targets):
     config = _config(family)
-    shape = E.model_shape(config)
-    resolved = E.resolve_lora_targets(shape, targets)
+    shape = model_shape(config)
+    resolved = resolve_lora_targets(shape, targets)
     model = _peft_model(config, targets)
     trainable, _ = model.get_nb_trainable_parameters()
     assert resolved.modules == _wrapped(model)
-    assert E.lora_params(shape, 4, targets) == trainable
+    assert lora_params(shape, 4, targets) == trainable
 
 
 def test_a_target_that_matches_nothing_is_named():
-    shape = E.model_shape(_config("phi3"))
-    note = E.check_lora_targets(shape, ("q_proj", "k_proj", "v_proj", "o_proj"))
+    shape = model_shape(_config("phi3"))
+    note = check_lora_targets(shape, ("q_proj", "k_proj", "v_proj", "o_proj"))
     assert "q_proj, k_proj, v_proj match no module" in note and "qkv_proj" in note and "only o_proj" in note
-    assert E.check_lora_targets(shape, ("qkv_proj",)) is None
+    assert check_lora_targets(shape, ("qkv_proj",)) is None
     with pytest.raises(UsageError, match="no module to wrap"):
-        E.check_lora_targets(shape, ("q_proj",))
+        check_lora_targets(shape, ("q_proj",))
     with pytest.raises(ValueError):  # and peft indeed refuses
         _peft_model(_config("phi3"), ("q_proj",))
 
 
 def test_fused_targets_cost_what_peft_trains_at_real_size():
     """phi-3-mini-4k with the tutorial's q,k,v,o: one adapter per layer, not four."""
-    shape = E.model_shape("phi-3-mini-4k")
-    attn = E.resolve_lora_targets(shape, ("q_proj", "k_proj", "v_proj", "o_proj"))
+    shape = model_shape("phi-3-mini-4k")
+    attn = resolve_lora_targets(shape, ("q_proj", "k_proj", "v_proj", "o_proj"))
     assert attn.kinds == ("o_proj",) and attn.modules == 32
-    assert E.lora_params(shape, 8, ("q_proj", "k_proj", "v_proj", "o_proj")) == 32 * 8 * (3072 + 3072)
+    assert lora_params(shape, 8, ("q_proj", "k_proj", "v_proj", "o_proj")) == 32 * 8 * (3072 + 3072)
 
 
 @pytest.mark.parametrize("optimizer", ["adamw_torch", "adamw_8bit"])
@@ -101,26 +105,26 @@ def test_optimizer_states_match_a_real_step(optimizer):
     model(input_ids=ids, labels=ids).loss.backward()
     opt.step()
     measured, paged = _optimizer_state_bytes(opt, "cpu")
-    shape = E.model_shape(config)
+    shape = model_shape(config)
     r = 4  # the rank _peft_model uses
-    ad = E.adapter_bytes(shape, r, E.resolve_lora_targets(shape, targets), optimizer)
-    tensors = 2 * sum(g.count for g in E.resolve_lora_targets(shape, targets).groups)
+    ad = adapter_bytes(shape, r, resolve_lora_targets(shape, targets), optimizer)
+    tensors = 2 * sum(g.count for g in resolve_lora_targets(shape, targets).groups)
     # the estimator rounds each allocation to the CUDA allocator's 512-byte blocks
     assert 0 <= ad["optimizer_states"] - measured <= 4 * 512 * tensors, (ad, measured)
     assert paged == 0 and ad["paged_optimizer_states"] == 0
     if optimizer == "adamw_8bit":  # lora_A in 8 bits, the smaller lora_B of k/v in 32
-        fp32 = E.adapter_bytes(shape, r, E.resolve_lora_targets(shape, targets))["optimizer_states"]
+        fp32 = adapter_bytes(shape, r, resolve_lora_targets(shape, targets))["optimizer_states"]
         assert measured < 0.7 * fp32
 
 
 def test_paged_states_leave_the_allocator_by_size():
     """bitsandbytes pages only tensors of >= 1e5 elements: rank 64 adapters of a 1.5B model page
     their lora_A of the MLP, rank 8 attention adapters page nothing."""
-    shape = E.model_shape("qwen2.5-1.5b")
-    small = E.adapter_bytes(shape, 8, E.resolve_lora_targets(shape, ("q_proj", "v_proj")), "paged_adamw_32bit")
+    shape = model_shape("qwen2.5-1.5b")
+    small = adapter_bytes(shape, 8, resolve_lora_targets(shape, ("q_proj", "v_proj")), "paged_adamw_32bit")
     assert small["paged_optimizer_states"] == 0
-    big = E.adapter_bytes(shape, 64, E.resolve_lora_targets(shape, "all-linear"), "paged_adamw_32bit")
-    torch_adamw = E.adapter_bytes(shape, 64, E.resolve_lora_targets(shape, "all-linear"), "adamw_torch")
+    big = adapter_bytes(shape, 64, resolve_lora_targets(shape, "all-linear"), "paged_adamw_32bit")
+    torch_adamw = adapter_bytes(shape, 64, resolve_lora_targets(shape, "all-linear"), "adamw_torch")
     assert big["paged_optimizer_states"] > 0
     assert big["optimizer_states"] + big["paged_optimizer_states"] == pytest.approx(
         torch_adamw["optimizer_states"], rel=0.01)
@@ -131,8 +135,8 @@ def test_paged_states_leave_the_allocator_by_size():
 
 def test_unknown_optimizer_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown optimizer 'sgd'"):
-        E.optimizer_name("sgd")
-    assert E.optimizer_name("paged_adamw") == "paged_adamw_32bit"
+        optimizer_name("sgd")
+    assert optimizer_name("paged_adamw") == "paged_adamw_32bit"
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +168,7 @@ def _fit_rows(rows):
 
 def test_committed_calibration_is_the_fit_without_the_holdouts(fit_calibration, run1_rows):
     """Refit the training keys from the committed H200 rows, leaving the held-out architectures
-    out: the coefficients in estimate.CALIBRATION predict every run-1 row, held-out ones included,
+    out: the coefficients in calibration.CALIBRATION predict every run-1 row, held-out ones included,
     as that fit does (so the held-out figures of suites/vram are out of sample).
 
     Predictions are compared, not coefficients: two of train/4bit/gc's phase-two features are
@@ -173,14 +177,14 @@ def test_committed_calibration_is_the_fit_without_the_holdouts(fit_calibration, 
     0.004% of the measured peak. A fit that saw the held-out architectures moves their
     predictions by up to 1.4%, so 0.05% tells the two apart."""
     refit = fit_calibration.fit(_fit_rows(run1_rows))
-    assert set(refit) == {k for k in E.CALIBRATION if k.startswith("train/")}
-    refitted = dict(E.CALIBRATION, **refit)
+    assert set(refit) == {k for k in CALIBRATION if k.startswith("train/")}
+    refitted = dict(CALIBRATION, **refit)
     drift = []
     for row in run1_rows:
-        shape, query = E.model_shape(row["arch"]), fit_calibration.query(row)
+        shape, query = model_shape(row["arch"]), fit_calibration.query(row)
         committed = E.estimate(shape, query).peak_bytes
         drift.append((abs(committed - E.estimate(shape, query, calibration=refitted).peak_bytes)
-                      / fit_calibration.measured(row), row["arch"], E.calibration_key(query)))
+                      / fit_calibration.measured(row), row["arch"], calibration_key(query)))
     assert len(drift) >= 90
     assert max(drift)[0] <= 0.0005, max(drift)
 
@@ -192,7 +196,7 @@ def test_attention_only_recipe_out_of_sample(fit_calibration, run1_rows, gc):
     architectures) within the issue's goal. Without checkpointing this needs the exact LoRA-input
     term (estimate.saved_activations): all-linear inputs are a fixed mix of hidden and
     intermediate widths, so a fitted coefficient cannot tell them apart (it was 10.9% off)."""
-    calibration = dict(E.CALIBRATION)
+    calibration = dict(CALIBRATION)
     calibration.update(fit_calibration.fit([r for r in _fit_rows(run1_rows) if r["targets"] != "attn"]))
     attn = [r for r in run1_rows if r["targets"] == "attn" and r["grad_checkpointing"] is gc]
     median, worst, n = fit_calibration.report(attn, calibration)

@@ -15,6 +15,8 @@ from harness.__main__ import main
 from harness.errors import UsageError
 from harness.memory.fit import budget as B
 from harness.memory.fit import estimate as E
+from harness.memory.fit.shape import model_shape
+from harness.memory.fit.weights import block_rounded, weight_bytes
 from harness.memory.fit import offload as O
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +141,7 @@ def _plan(meta7b, budget, cpu=64 * GiB, **kw):
 
 
 def test_offload_places_what_does_not_fit(meta7b):
-    total = E.weight_bytes(E.model_shape("qwen2.5-7b"), "bf16")
+    total = weight_bytes(model_shape("qwen2.5-7b"), "bf16")
     six, ten, big = _plan(meta7b, 6 * GiB), _plan(meta7b, 10 * GiB), _plan(meta7b, 24 * GiB)
     for p in (six, ten, big):
         assert p.bytes_on_gpu + p.bytes_on_cpu + p.bytes_on_disk == pytest.approx(total, rel=0.01)
@@ -204,7 +206,7 @@ def test_training_verdicts_keep_room_for_the_holes_a_step_leaves(capsys):
     transients leave unfilled of the bf16 embedding the k-bit upcast freed; estimate says so."""
     o = run_json(capsys, "estimate", "--config", "llama-3.2-1b", "--precision", "nf4-dq", "--mode", "train",
                  "--seq-len", "1024", "--batch", "2", "--budget", "6GiB")[0]
-    shape = E.model_shape("llama-3.2-1b")
+    shape = model_shape("llama-3.2-1b")
     holes = o["breakdown"]["fragmentation"]
     assert holes["attention_scores"] == int(E.FRAGMENTATION_BLOCKS * 2 * shape.heads * 1024 * 1024 * 4)
     assert holes["logits"] == int(E.REALLOCATED_HOLES["logits"] * 2 * 1024 * shape.vocab * 4)
@@ -221,8 +223,8 @@ def test_training_verdicts_keep_room_for_the_holes_a_step_leaves(capsys):
             assert o["breakdown"]["fragmentation"]["upcast"] == 0
     # the upcast's hole: phi-4-mini's tied 200k x 3072 embedding leaves 1.15 GiB of bf16 behind; a
     # short step's transients fill little of it, a long one's all of it
-    phi = E.model_shape("phi-4-mini")
-    hole = E.block_rounded(phi.embedding_params * 2)
+    phi = model_shape("phi-4-mini")
+    hole = block_rounded(phi.embedding_params * 2)
     for seq, filled in ((192, False), (2048, True)):
         o = run_json(capsys, "estimate", "--config", "phi-4-mini", "--precision", "nf4-dq", "--mode", "train",
                      "--lora-targets", "all-linear", "--lora-r", "32", "--optimizer", "adamw_8bit",

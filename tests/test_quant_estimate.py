@@ -11,6 +11,8 @@ import pytest
 
 from harness.errors import UsageError
 from harness.memory.fit import estimate as E
+from harness.memory.fit.shape import model_shape
+from harness.memory.fit.weights import kv_cache_bytes, quantized_linear_bytes, w4a16_linear_bytes, weight_bytes
 from harness.memory.fit.gguf import read_gguf
 
 HIDDEN, INTER, LAYERS, VOCAB = 256, 512, 2, 2048
@@ -79,12 +81,12 @@ def test_gguf_weight_bytes_are_exact_per_tensor_type(tmp_path):
 
 def test_estimate_and_plan_read_a_gguf_file(tmp_path):
     path = write_gguf(tmp_path / "m.gguf", Q4_K_M)
-    shape = E.model_shape(path)
+    shape = model_shape(path)
     assert shape.source == "gguf" and shape.hidden == HIDDEN and shape.layers == LAYERS and not shape.tied
     est = E.estimate(shape, E.Query("gguf", "generate", seq_len=512, new_tokens=64))
     assert est.breakdown["weights"] == read_gguf(path).weight_bytes
     assert "llama.cpp" in est.breakdown["engine"]
-    assert est.breakdown["kv_cache"] == E.kv_cache_bytes(shape, "bf16", 1, 512, 63)  # f16 cache, 575 tokens
+    assert est.breakdown["kv_cache"] == kv_cache_bytes(shape, "bf16", 1, 512, 63)  # f16 cache, 575 tokens
     out = subprocess.run([sys.executable, "-m", "harness", "plan", "--config", str(path), "--budget", "6GiB", "--json"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -99,35 +101,35 @@ def test_estimate_and_plan_read_a_gguf_file(tmp_path):
 
 def test_gguf_precision_needs_a_gguf_file_and_bad_files_are_one_line_errors(tmp_path):
     with pytest.raises(UsageError, match="GGUF file"):
-        E.estimate(E.model_shape("qwen2.5-0.5b"), E.Query("gguf", "weights"))
+        E.estimate(model_shape("qwen2.5-0.5b"), E.Query("gguf", "weights"))
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\xff" * 20)
     out = subprocess.run([sys.executable, "-m", "harness", "estimate", "--config", str(bad)], capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "bad.gguf" in out.stderr
     (tmp_path / "html.gguf").write_text("<html></html>")
     with pytest.raises(UsageError, match="not a GGUF file"):
-        E.model_shape(tmp_path / "html.gguf")
+        model_shape(tmp_path / "html.gguf")
 
 
 def test_w4a16_weights_pack_four_bits_with_a_scale_per_group():
     n_in, n_out = 4096, 11008
-    stored = E.w4a16_linear_bytes(n_in, n_out, rounded=False)
+    stored = w4a16_linear_bytes(n_in, n_out, rounded=False)
     assert stored == n_in * n_out // 2 + n_out * (n_in // 128) * 2 + 16  # packed + bf16 scales + shape
-    asym = E.w4a16_linear_bytes(n_in, n_out, zero_points=True, rounded=False)
+    asym = w4a16_linear_bytes(n_in, n_out, zero_points=True, rounded=False)
     assert asym - stored == (n_out // 8) * (n_in // 128) * 4  # int32-packed 4-bit zero points
-    assert E.quantized_linear_bytes(n_in, n_out, "w4a16") == E.w4a16_linear_bytes(n_in, n_out)
+    assert quantized_linear_bytes(n_in, n_out, "w4a16") == w4a16_linear_bytes(n_in, n_out)
     # qwen2.5-7b: docs/architecture.md: measured 5.55 GB stored (W4A16 group 128, lm_head and embedding bf16)
-    s = E.model_shape("qwen2.5-7b")
+    s = model_shape("qwen2.5-7b")
     est = E.estimate(s, E.Query("w4a16", "weights"))
     assert est.breakdown["weights"] == pytest.approx(5.55e9, rel=0.01)
     # transformers decompresses it at the first forward: 15.4 GB allocated (docs/architecture.md), the bf16 figure
-    assert est.breakdown["transformers_decompressed_weights"] == E.weight_bytes(s, "bf16")
+    assert est.breakdown["transformers_decompressed_weights"] == weight_bytes(s, "bf16")
     assert est.breakdown["transformers_decompressed_weights"] == pytest.approx(15.4e9, rel=0.02)
 
 
 def test_w4a16_sits_between_nf4_and_bf16_and_trains_as_bf16():
-    s = E.model_shape("qwen2.5-1.5b")
-    w = {p: E.weight_bytes(s, p) for p in ("bf16", "w4a16", "nf4")}
+    s = model_shape("qwen2.5-1.5b")
+    w = {p: weight_bytes(s, p) for p in ("bf16", "w4a16", "nf4")}
     assert w["w4a16"] < w["nf4"] < w["bf16"]  # per weight: w4a16 0.5 + 2/128, nf4 0.5 + 4/64 bytes
     train = E.estimate(s, E.Query("w4a16", "train", seq_len=512))
     assert train.peak_bytes == E.estimate(s, E.Query("bf16", "train", seq_len=512)).peak_bytes

@@ -14,6 +14,7 @@ import pytest
 from harness.errors import UsageError
 from harness.memory.vllm import vllm_logcheck as L
 from harness.memory.vllm import vllm_plan as V
+from harness.memory.vllm.vllm_model import model_facts
 from harness.memory.vllm import vllm_servers as S
 from harness.memory.fit.gpus import GPUS, GiB, gpu_by_name, resolve_gpu
 
@@ -184,7 +185,7 @@ def test_lora_slots_count_in_v1_weights_not_in_v0_0_7():
 def test_cpu_log_excerpt_is_predicted_exactly():
     rec = json.loads((DATA / "cpu" / "cpu-0.32.0-tiny-qwen2-kv1gib-len2048.json").read_text())
     config = json.loads((DATA / "cpu" / rec["model_config"]).read_text())
-    facts = V.model_facts(config)
+    facts = model_facts(config)
     p = S.plan_cpu(facts, kv_cache_space_gib=float(rec["env"]["VLLM_CPU_KVCACHE_SPACE"]), max_model_len=2048,
                    vllm_version=rec["vllm_version"])
     assert (p.kv_cache_tokens, p.max_concurrency) == (rec["logged"]["kv_cache_tokens"], rec["logged"]["max_concurrency"])
@@ -281,7 +282,7 @@ def test_v0_without_a_version_is_planned_as_the_last_v0_release():
 
 
 def test_a_max_model_len_past_the_models_own_limit_does_not_start():
-    facts = V.model_facts("tinyllama-1.1b")  # max_position_embeddings 2048, no RoPE scaling
+    facts = model_facts("tinyllama-1.1b")  # max_position_embeddings 2048, no RoPE scaling
     base = V.VllmQuery(gpu=GPUS["h100"], gpu_memory_utilization=0.9, max_model_len=2048)
     assert V.plan(facts, base).starts
     past = V.plan(facts, replace(base, max_model_len=2049))
@@ -309,7 +310,7 @@ def test_a_version_newer_than_the_rules_is_refused_in_one_line():
                 "--vllm-version", "0.41.0")
     assert r.returncode == 2, r
     assert r.stderr.strip().count("\n") == 0 and "unknown version" in r.stderr and "Traceback" not in r.stderr
-    facts = V.model_facts("qwen2.5-1.5b")
+    facts = model_facts("qwen2.5-1.5b")
     known = V.plan(facts, V.VllmQuery(gpu=GPUS["t4"], gpu_memory_utilization=0.9, max_model_len=2048,
                                       vllm_version="0.26.0"))
     assert known.starts
@@ -346,7 +347,7 @@ def test_the_load_allocator_keeps_whole_segments_of_large_tensors():
 def test_the_load_slack_is_counted_only_where_vllm_loads_that_way():
     """qwen2.5-1.5b in bf16: 0.11 GiB above the tensors in 0.26 (what the H200 logged); 0.25, whose
     source was not read for it, keeps the parameters alone."""
-    facts = V.model_facts("qwen2.5-1.5b")
+    facts = model_facts("qwen2.5-1.5b")
     q = V.VllmQuery(gpu=GPUS["t4"], gpu_memory_utilization=0.9, max_model_len=2048, vllm_version="0.26.0")
     slack = V.plan(facts, q).weights_bytes - V.plan(facts, replace(q, vllm_version="0.25.1")).weights_bytes
     assert 0.10 * GiB < slack < 0.12 * GiB

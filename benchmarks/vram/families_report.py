@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT))
 from harness import atomic  # noqa: E402
 import measurements  # noqa: E402
 from harness.memory.measured import families_truth as T  # noqa: E402
+from harness.memory.measured.train_matrix import agreement, false_fits  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -40,8 +41,8 @@ def main(argv=None) -> int:
                         "per_family": {a: {"cases": len(s.boundary_of(a)), "agreement": s.agreement_of(a)}
                                        for a in sorted({r["arch"] for r in s.boundary})}},
            "boundary_expandable": {"cases": len(s.boundary_expandable),
-                                   "agreement": T.agreement(s.boundary_expandable) if s.boundary_expandable else None,
-                                   "false_fits": len(T.false_fits(s.boundary_expandable))},
+                                   "agreement": agreement(s.boundary_expandable) if s.boundary_expandable else None,
+                                   "false_fits": len(false_fits(s.boundary_expandable))},
            "offload": s.offload,
            "pictures": s.pictures, "failed_cases": s.failed, "held_out": list(T.HELD_OUT)}
     atomic.write_json(Path(args.json), out)

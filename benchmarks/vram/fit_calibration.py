@@ -1,4 +1,4 @@
-"""Fit the transient coefficients of harness/memory/fit/estimate.py (CALIBRATION) to measured matrix rows.
+"""Fit the transient coefficients of harness/memory/fit/calibration.py (CALIBRATION) to measured matrix rows.
 
     python benchmarks/vram/fit_calibration.py [--holdout arch,arch] ROWS.json...
     python benchmarks/vram/fit_calibration.py --train [--holdout arch,arch] [--holdout-targets attn] TRAIN_ROWS.json
@@ -26,6 +26,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.memory.fit import estimate as E  # noqa: E402
+from harness.memory.fit.calibration import CALIBRATION, calibration_key, features_for, linear_sum  # noqa: E402
+from harness.memory.fit.shape import model_shape  # noqa: E402
 from harness.memory.measured.matrix import load_matrix, measured_bytes, row_query  # noqa: E402
 
 FEATURES = {  # physically meaningful terms only: fewer features generalise to unseen shapes
@@ -74,7 +76,7 @@ query = row_query
 
 
 def key_of(row) -> str:
-    return E.calibration_key(query(row))
+    return calibration_key(query(row))
 
 
 def fit(rows, keys=None):
@@ -95,14 +97,14 @@ def fit(rows, keys=None):
         names = FEATURES.get(key) or FEATURES.get(f"{parts[0]}/{parts[-1]}") or FEATURES[parts[0]]
         a, b = [], []
         for r in group:
-            shape = E.model_shape(r["arch"])
+            shape = model_shape(r["arch"])
             q = query(r)
             if q.mode == "train":  # weights, LoRA weights and optimizer states are exact
                 parts = E.train_parts(shape, q)
                 fixed, feats = parts["static"] + sum(parts["saved"].values()), parts["features"]
             else:
                 fixed = E.estimate(shape, q, calibration={key: {}}).peak_bytes
-                feats = E.features_for(shape, q)
+                feats = features_for(shape, q)
             w = 1.0 / measured(r)
             a.append([feats[n] * w for n in names])
             b.append((measured(r) - fixed) * w)
@@ -112,7 +114,7 @@ def fit(rows, keys=None):
 
 
 def _target(r):
-    shape = E.model_shape(r["arch"])
+    shape = model_shape(r["arch"])
     parts = E.train_parts(shape, query(r))
     return parts["static"] + sum(parts["saved"].values()), parts["features"]
 
@@ -134,7 +136,7 @@ def fit_phases(key, group, spec, iterations=30):
         x = dict(zip(cols, nnls(a, b)))
         result = {n: float(f"{x[n]:.4g}") for n in common if x[n] > 0}
         result["max"] = [{n: float(f"{x[f'{i}:{n}']:.4g}") for n in p if x[f"{i}:{n}"] > 0} for i, p in enumerate(phases)]
-        new = [int(np.argmax([E.linear_sum(ph, f) for ph in result["max"]])) for (_, f), _ in data]
+        new = [int(np.argmax([linear_sum(ph, f) for ph in result["max"]])) for (_, f), _ in data]
         if new == active:
             break
         active = new
@@ -144,7 +146,7 @@ def fit_phases(key, group, spec, iterations=30):
 def report(rows, calibration=None):
     errs = []
     for r in rows:
-        shape = E.model_shape(r["arch"])
+        shape = model_shape(r["arch"])
         pred = E.estimate(shape, query(r), calibration=calibration).peak_bytes
         errs.append((pred - measured(r)) / measured(r))
     errs = np.abs(np.array(errs))
@@ -154,7 +156,7 @@ def report(rows, calibration=None):
 def worst(rows, calibration=None, n=15):
     out = []
     for r in rows:
-        shape = E.model_shape(r["arch"])
+        shape = model_shape(r["arch"])
         pred = E.estimate(shape, query(r), calibration=calibration).peak_bytes
         out.append(((pred - measured(r)) / measured(r), r))
     out.sort(key=lambda t: -abs(t[0]))
@@ -185,7 +187,7 @@ def main_train(args):
     rows = train_rows(args.rows)
     hold = set(a for a in args.holdout.split(",") if a)
     fit_rows = [r for r in rows if r["arch"] not in hold]
-    cal = dict(E.CALIBRATION)
+    cal = dict(CALIBRATION)
     cal.update(fit(fit_rows))
     print(json.dumps({k: v for k, v in cal.items() if k.startswith("train/")}, indent=1))
     print("fitted on %d rows: median %.2f%% worst %.2f%%" % (len(fit_rows), *(100 * x for x in report(fit_rows, cal)[:2])),
@@ -198,7 +200,7 @@ def main_train(args):
     worst(test, cal, n=8)
     if args.holdout_targets:  # a recipe the fit never saw: fit without it, test on it (all archs)
         recipe = [r for r in rows if r["targets"] == args.holdout_targets]
-        cal2 = dict(E.CALIBRATION)
+        cal2 = dict(CALIBRATION)
         cal2.update(fit([r for r in fit_rows if r["targets"] != args.holdout_targets]))
         for gc, (m, w, n) in by_checkpointing(recipe, cal2).items():
             print(f"recipe {args.holdout_targets} held out too, checkpointing {gc}: median {m:.2%} worst {w:.2%} (n={n})",
@@ -218,7 +220,7 @@ def main():
     hold = set(a for a in args.holdout.split(",") if a)
     train = [r for r in rows if r["arch"] not in hold]
     test = [r for r in rows if r["arch"] in hold]
-    cal = dict(E.CALIBRATION)
+    cal = dict(CALIBRATION)
     cal.update(fit(train))
     print(json.dumps(cal, indent=1))
     print("fitted on %d rows: median %.2f%% worst %.2f%% (n=%d)" % ((len(train),) + tuple(

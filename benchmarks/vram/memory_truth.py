@@ -103,7 +103,8 @@ def boundary_cases(rng: random.Random, archs, n: int) -> list[TrainCase]:
 
 def planned_ratio(case: TrainCase, context: int = ASSUMED_CONTEXT) -> float:
     """What `plan --train` compares: (planned bytes x (1 + training reserve)) / (budget - context)."""
-    from harness.memory.fit.estimate import RESERVE_FRACTION, estimate, model_shape
+    from harness.memory.fit.estimate import RESERVE_FRACTION, estimate
+    from harness.memory.fit.shape import model_shape
 
     est = estimate(model_shape(case.arch), case.query())
     return est.planned_bytes * (1 + RESERVE_FRACTION["train"]) / (BUDGET - context)
@@ -218,7 +219,7 @@ def offload_phase(model_dir: Path, out_dir: Path, device: str, deadline: float, 
                   arch: str = OFFLOAD_ARCH, budgets=OFFLOAD_BUDGETS, all_gpu: bool = True,
                   layer_ms: float | None = None) -> None:
     from harness.memory.fit import offload as O
-    from harness.memory.fit.estimate import model_shape
+    from harness.memory.fit.shape import model_shape
 
     rows: list[dict] = []
     path = out_dir / "offload_rows.json"

@@ -28,12 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..memory.fit import estimate as E
+    from ..memory.fit.lora import check_lora_targets
+    from ..memory.fit.shape import model_shape
+    from ..memory.fit.weights import FILE_PRECISIONS, PRECISIONS
     from ..memory.fit import picture as P
     from ..units import comma_list, format_bytes, format_size, int_list
 
-    shape = E.model_shape(args.config)
-    own = E.FILE_PRECISIONS if shape.stored_weights is not None else ()  # a GGUF file's own precision
-    precisions = read_precisions(args.precision, own[:1] or ("bf16",), E.PRECISIONS + own)
+    shape = model_shape(args.config)
+    own = FILE_PRECISIONS if shape.stored_weights is not None else ()  # a GGUF file's own precision
+    precisions = read_precisions(args.precision, own[:1] or ("bf16",), PRECISIONS + own)
     modes = comma_list(args.mode, "--mode", choices=E.MODES, lower=True)
     seqs = int_list(args.seq_len, "--seq-len")
     batches = int_list(args.batch, "--batch")
@@ -43,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         from ..errors import UsageError
 
         raise UsageError("--replay replays a training step on a card: give --budget and --mode train")
-    note = E.check_lora_targets(shape, targets) if "train" in modes else None
+    note = check_lora_targets(shape, targets) if "train" in modes else None
     results, replayers = [], {}
     for p in precisions:
         for m in modes:
@@ -160,7 +163,7 @@ def _replay(spec, shape, q, budget: int, context: int, replayers: dict | None = 
     """The step traced and torch's allocator replayed on it under budget - context, or why not
     (one replayer per precision: its traces are shared by the rows)."""
     from ..errors import UnsupportedError
-    from ..memory.fit import estimate as E
+    from ..memory.family.families import verification
     from ..memory.replay.replay_limits import StepReplayer
     from ..memory.fit.shape import load_config
 
@@ -168,7 +171,7 @@ def _replay(spec, shape, q, budget: int, context: int, replayers: dict | None = 
     try:
         from ..memory.replay.step_trace import REPLAY_MARGIN
 
-        uncertainty = E.verification(shape.family, "train", shape.source, shape.traits)["uncertainty"]
+        uncertainty = verification(shape.family, "train", shape.source, shape.traits)["uncertainty"]
         replayers = {} if replayers is None else replayers
         if q.precision not in replayers:
             replayers[q.precision] = StepReplayer(load_config(spec)[0], shape, q, budget, context, progress=say,

@@ -71,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
     plan_vllm.reject_vllm_options(args)
     from ..errors import UsageError
     from ..memory.fit import budget as B
-    from ..memory.fit import estimate as E
+    from ..memory.fit.lora import check_lora_targets
+    from ..memory.fit.shape import load_config, model_shape
+    from ..memory.fit.weights import FILE_PRECISIONS, PRECISIONS
     from ..units import format_size
 
     if args.budget is None:
@@ -84,14 +86,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch-seq-len: {args.batch_seq_len} is out of range")
     if args.replay and not args.train:
         raise UsageError("--replay replays training steps: add --train")
-    shape = E.model_shape(args.config)
+    shape = model_shape(args.config)
     # a GGUF file brings its own precision ("gguf": its tensors as stored), planned first
-    own = E.FILE_PRECISIONS if shape.stored_weights is not None and not args.train else ()
-    precisions = read_precisions(args.precision, own + E.PRECISIONS, E.PRECISIONS + own)
-    config, _ = E.load_config(args.config)
+    own = FILE_PRECISIONS if shape.stored_weights is not None and not args.train else ()
+    precisions = read_precisions(args.precision, own + PRECISIONS, PRECISIONS + own)
+    config, _ = load_config(args.config)
     note = None
     if args.train:
-        note = E.check_lora_targets(shape, targets, "--lora-targets")
+        note = check_lora_targets(shape, targets, "--lora-targets")
     limit = B.context_limit(config)
     mode = "train" if args.train else "generate"
     headroom = B.default_headroom(mode) if args.headroom is None else args.headroom
@@ -242,7 +244,7 @@ def verification_of(shape, mode: str) -> dict:
 
 
 def _print_plans(plans, batch_seq_len: int) -> None:
-    from ..memory.fit import estimate as E
+    from ..memory.fit.weights import ENGINES
     from ..units import format_bytes
 
     print(f"{'precision':9s} {'fits':4s} {'weights':>11s} {'max context':>11s} "
@@ -250,8 +252,8 @@ def _print_plans(plans, batch_seq_len: int) -> None:
     for p in plans:
         print(f"{p.precision:9s} {'yes' if p.fits else 'no':4s} {format_bytes(p.weights_bytes):>11s} "
               f"{p.max_seq_len if p.max_seq_len else '-':>11} {p.max_batch if p.max_batch else '-':>15}  {p.reason}")
-    for name in dict.fromkeys(p.precision for p in plans if p.precision in E.ENGINES):
-        print(f"{name}: {E.ENGINES[name]}")
+    for name in dict.fromkeys(p.precision for p in plans if p.precision in ENGINES):
+        print(f"{name}: {ENGINES[name]}")
     more = [p for p in plans if p.max_seq_len_expandable and (p.max_seq_len_expandable, p.max_batch_expandable)
             != (p.max_seq_len, p.max_batch)]
     if more:

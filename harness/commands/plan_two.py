@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, configs: list[str]) -> int:
     from ..errors import UsageError
     from ..memory.fit import budget as B
     from ..memory.fit import cohabit as C
-    from ..memory.fit import estimate as E
+    from ..memory.fit.shape import load_config, model_shape
 
     if args.budget is None:
         raise UsageError("--budget is required")
@@ -46,8 +46,8 @@ def run(args: argparse.Namespace, configs: list[str]) -> int:
         raise UsageError(f"--disk-gbps: {args.disk_gbps} must be positive")
     if args.headroom is not None and not 0 <= args.headroom < 1:
         raise UsageError(f"--headroom: {args.headroom} must be in [0, 1)")
-    shapes = [E.model_shape(c) for c in configs]
-    limits = [B.context_limit(E.load_config(c)[0]).tokens for c in configs]
+    shapes = [model_shape(c) for c in configs]
+    limits = [B.context_limit(load_config(c)[0]).tokens for c in configs]
     limit = min([n for n in limits if n] or [None]) if any(limits) else None
     seq = min(args.batch_seq_len, limit) if limit else args.batch_seq_len
     headroom = args.headroom if args.headroom is not None else B.default_headroom("train" if args.train else "generate")

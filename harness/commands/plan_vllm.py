@@ -185,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
     """0 when the plan starts, 1 when it does not or cannot say (unknown: a failed check, as for
     every command); a sweep table is a report, not a check: 0. `--vllm-version A,B`: both plans
     side by side with the delta and its cause (plan_vllm_versions)."""
-    from ..memory.vllm.vllm_plan import model_facts, plan
+    from ..memory.vllm.vllm_plan import plan
+    from ..memory.vllm.vllm_model import model_facts
 
     if args.sweep and args.gpu_memory and "," in args.gpu_memory:
         from .plan_vllm_cards import run_cards

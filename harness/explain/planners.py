@@ -80,8 +80,9 @@ def vllm_plan(ctx: Context, gpu: Gpu | None, utilization: float, max_model_len: 
     if not ctx.config or gpu is None:
         return None
     from ..memory.vllm import vllm_plan as V
+    from ..memory.vllm.vllm_model import model_facts
 
-    facts = V.model_facts(ctx.config)
+    facts = model_facts(ctx.config)
     query = V.VllmQuery(gpu=gpu, gpu_memory_utilization=min(max(utilization, 0.01), 1.0),
                         max_model_len=max_model_len, vllm_version=version or V.DEFAULT_VERSION)
     result = V.plan(facts, query)

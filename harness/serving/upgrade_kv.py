@@ -225,7 +225,8 @@ def _plan(model_dir, flags: list[str], logged: StartupMemory, version: str, gpu)
         if logged.device == "cpu" and logged.kv_cache_gib is not None:
             return vs.cpu_server_plan(model_dir, list(flags), {"VLLM_CPU_KVCACHE_SPACE": logged.kv_cache_gib}, version)
         if logged.device == "gpu" and gpu is not None:
-            from ..memory.vllm.vllm_plan import model_facts, plan
+            from ..memory.vllm.vllm_plan import plan
+            from ..memory.vllm.vllm_model import model_facts
 
             facts = model_facts(str(model_dir))
             return plan(facts, vs.gpu_query(facts, vs.flags_dict(list(flags)), gpu, version), search=False)

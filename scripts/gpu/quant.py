@@ -20,6 +20,8 @@ import torch
 
 from harness import atomic
 from harness.memory.fit import estimate as E
+from harness.memory.fit.shape import model_shape
+from harness.memory.fit.weights import w4a16_linear_bytes, weight_bytes
 from harness.modeldir import check_dir
 from harness.modeldir.safetensors_header import read_header
 from harness.models import save_random_model
@@ -51,7 +53,7 @@ def stored_bytes(d: Path) -> int:
 
 
 def predicted_stored(shape, asym: bool) -> int:
-    linear = sum(g.count * E.w4a16_linear_bytes(g.in_features, g.out_features, zero_points=asym, rounded=False)
+    linear = sum(g.count * w4a16_linear_bytes(g.in_features, g.out_features, zero_points=asym, rounded=False)
                  for g in shape.linears)
     return linear + 2 * (shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params)
 
@@ -104,12 +106,12 @@ def main() -> int:
         save_random_model(ARCH, base, dtype="bf16", device=DEVICE)
     summary["stages"]["random_base_s"] = round(time.monotonic() - started, 1)
     config = json.loads((base / "config.json").read_text())
-    shape = E.model_shape(base if base != WORK / "base" else ARCH)
+    shape = model_shape(base if base != WORK / "base" else ARCH)
     samples = random_token_ids(config["vocab_size"], 32, 128, seed=CALIBRATION_SEED)
     eval_ids = torch.tensor(random_token_ids(config["vocab_size"], 8, 256, seed=EVALUATION_SEED))
     reference = model_logits(base, eval_ids, DEVICE, "bf16").to(DEVICE)
     base_load = loaded(base)
-    bf16_pred = E.weight_bytes(shape, "bf16")
+    bf16_pred = weight_bytes(shape, "bf16")
     summary["bf16_base"] = base_load | {"predicted_bytes": bf16_pred, "error_pct": pct(base_load["held_bytes"], bf16_pred)}
     save()
 

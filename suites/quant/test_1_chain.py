@@ -51,11 +51,12 @@ def test_quantized_dir_passes_check_dir(quantized, chain, name, record):
 
 def test_stored_weights_are_what_estimate_predicts(quantized, group_size):
     """Every tensor of the GPTQ checkpoint, to the byte: packed + scales + shapes per Linear, bf16 rest."""
-    from harness.memory.fit import estimate as E
+    from harness.memory.fit.shape import model_shape
+    from harness.memory.fit.weights import w4a16_linear_bytes
 
     out = quantized.dir("gptq")
-    shape = E.model_shape(out)  # from config.json (the directory is quantized)
-    predicted = sum(g.count * E.w4a16_linear_bytes(g.in_features, g.out_features, group_size, rounded=False)
+    shape = model_shape(out)  # from config.json (the directory is quantized)
+    predicted = sum(g.count * w4a16_linear_bytes(g.in_features, g.out_features, group_size, rounded=False)
                     for g in shape.linears)
     predicted += 2 * (shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params)
     from harness.modeldir.safetensors_header import read_header

@@ -10,26 +10,28 @@ from pathlib import Path
 import pytest
 
 from harness.memory.fit import estimate as E
+from harness.memory.fit.shape import model_shape
+from harness.memory.fit.weights import w4a16_linear_bytes
 
 MEASURED = json.loads((Path(__file__).resolve().parents[2] / "measurements" / "quant" / "h200-qwen2.5-1.5b.json").read_text())
 
 
 def _stored_prediction(shape, asym: bool) -> int:
-    linear = sum(g.count * E.w4a16_linear_bytes(g.in_features, g.out_features, zero_points=asym, rounded=False)
+    linear = sum(g.count * w4a16_linear_bytes(g.in_features, g.out_features, zero_points=asym, rounded=False)
                  for g in shape.linears)
     return linear + 2 * (shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.bias_params)
 
 
 @pytest.mark.parametrize("method,asym", [("gptq", False), ("awq", True)])
 def test_stored_w4a16_bytes_are_exact(method, asym, record):
-    shape = E.model_shape(MEASURED["run1"]["arch"])
+    shape = model_shape(MEASURED["run1"]["arch"])
     measured = MEASURED["run1"][method]["stored"]["measured_bytes"]
     assert _stored_prediction(shape, asym) == measured
     record(measured_bytes=measured)
 
 
 def test_transformers_holds_it_packed_then_decompressed_within_2_percent(record):
-    shape = E.model_shape(MEASURED["run2"]["arch"])
+    shape = model_shape(MEASURED["run2"]["arch"])
     est = E.estimate(shape, E.Query("w4a16", "weights")).breakdown
     loaded = MEASURED["run2"]["gptq"]["transformers_loaded"]
     after_load = est["weights"] / loaded["held_bytes"] - 1

@@ -16,6 +16,7 @@ import measurements
 import pytest
 
 from harness.memory.measured import families_truth as T
+from harness.memory.measured.train_matrix import agreement, false_fits
 
 MEDIAN_GOAL = 0.02  # issue 27: per family, inference and training (checkpointing on and off apart)
 WORST_GOAL = 0.05
@@ -101,13 +102,13 @@ def test_the_verdict_with_expandable_segments_against_real_oom(summary, record):
     b = summary.boundary_expandable
     if not b:
         pytest.skip("no boundary rows run with expandable segments committed yet")
-    agreement = T.agreement(b)
-    false = {_case(r) for r in T.false_fits(b)}
-    record(boundary_cases=len(b), agreement=agreement, false_fits=sorted(false))
+    agreed = agreement(b)
+    false = {_case(r) for r in false_fits(b)}
+    record(boundary_cases=len(b), agreement=agreed, false_fits=sorted(false))
     assert len(b) >= MIN_BOUNDARY
     assert {r["actually_fits"] for r in b} == {True, False}  # near its line, both happen
     assert not false - EXPANDABLE_FALSE_FIT_SHORTFALL, f"said fits with expandable segments, ran out: {false}"
-    assert agreement >= AGREEMENT
+    assert agreed >= AGREEMENT
 
 
 SECOND_RUN = ("mistral-7b-v0.3", "qwen3-30b-a3b")  # measurements/vram/families/run-02 (--set mistral-moe)

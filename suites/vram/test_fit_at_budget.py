@@ -43,7 +43,7 @@ def test_training_fit_map_matches_plan_train(settings, record):
     """The fit card for LoRA/QLoRA training: every cell is plan --train's verdict, and a longer
     context never fits where a shorter one did not."""
     from harness.memory.fit import budget as B
-    from harness.memory.fit.estimate import model_shape
+    from harness.memory.fit.shape import model_shape
     from harness.report.figures import train_fit_map_data
 
     budget = settings.vram_budget or 6 * 2**30

@@ -17,7 +17,8 @@ import statistics
 import measurements
 import pytest
 
-from harness.memory.fit import estimate as E
+from harness.memory.fit.lora import adapter_bytes, lora_params, resolve_lora_targets
+from harness.memory.fit.shape import model_shape
 from harness.memory.measured.train_matrix import HOLDOUT_ARCHS, TARGET_SETS, evaluate_training, load_truth
 from harness.units import format_bytes
 
@@ -55,10 +56,10 @@ def test_peft_wrapped_what_the_estimator_resolves(truth):
     for r in rows:
         if r.get("lora_modules_measured") is None:
             continue
-        shape = E.model_shape(r["arch"])
-        targets = E.resolve_lora_targets(shape, TARGET_SETS[r["targets"]])
+        shape = model_shape(r["arch"])
+        targets = resolve_lora_targets(shape, TARGET_SETS[r["targets"]])
         assert targets.modules == r["lora_modules_measured"], r
-        assert E.lora_params(shape, r["lora_r"], TARGET_SETS[r["targets"]]) == r["lora_params_measured"], r
+        assert lora_params(shape, r["lora_r"], TARGET_SETS[r["targets"]]) == r["lora_params_measured"], r
         if r["arch"] == "phi-3-mini-4k" and r["targets"] == "attn":
             assert targets.unmatched == ("q_proj", "k_proj", "v_proj") and r["lora_wrapped"] == ["o_proj"]
         checked += 1
@@ -76,8 +77,8 @@ def test_optimizer_states_are_exact(truth):
     for r in rows:
         if r.get("optimizer_state_bytes_measured") is None:
             continue
-        shape = E.model_shape(r["arch"])
-        ad = E.adapter_bytes(shape, r["lora_r"], E.resolve_lora_targets(shape, TARGET_SETS[r["targets"]]),
+        shape = model_shape(r["arch"])
+        ad = adapter_bytes(shape, r["lora_r"], resolve_lora_targets(shape, TARGET_SETS[r["targets"]]),
                              r["optimizer"])
         n_tensors = 4 * r["lora_modules_measured"]  # two tensors, two states each
         assert abs(ad["optimizer_states"] - r["optimizer_state_bytes_measured"]) <= n_tensors * 512, r

@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 
 from harness.memory.fit import estimate as E
+from harness.memory.fit.shape import model_shape
+from harness.memory.fit.weights import weight_bytes
 from harness.units import format_bytes
 
 MEDIAN_TOLERANCE = 0.05  # issue 4: median |error| of peak_bytes at most 5%
@@ -116,7 +118,7 @@ def test_tiny_model_weights_exact_on_cpu(tiny_model_dir, precision, record):
         pytest.skip(bitsandbytes_problem())
     model = load_model(tiny_model_dir, precision, "cpu")
     measured = _tensor_bytes(model)
-    predicted = E.weight_bytes(E.model_shape(tiny_model_dir), precision)
+    predicted = weight_bytes(model_shape(tiny_model_dir), precision)
     record(measured=measured, predicted=predicted)
     # exact up to a few allocator blocks (rotary buffers); the tiny model's weights are ~1.7-7 MB
     assert abs(predicted - measured) <= 4 * 512, (predicted, measured)
@@ -157,7 +159,7 @@ def test_live_prefill_on_gpu(precision, tmp_path, device, record):
     # can add one-off allocations (kernel workspaces): recorded, and held to the same protocol.
     first = prefill()
     measured = prefill()
-    pred = E.estimate(E.model_shape(arch), E.Query(precision, "prefill", seq_len=2048)).peak_bytes
+    pred = E.estimate(model_shape(arch), E.Query(precision, "prefill", seq_len=2048)).peak_bytes
     err = (pred - measured.peak_bytes) / measured.peak_bytes
     record(measured=measured.peak_bytes, first_call_peak=first.peak_bytes, predicted=pred, error=err,
            nvml_rate_hz=measured.nvml_rate_hz, context_bytes=measured.context_bytes)

@@ -2,8 +2,7 @@
 
 The estimate itself; its parts live in shape.py (model shape), weights.py (weight and KV bytes,
 serving precisions), lora.py (LoRA targets, adapters, optimizers) and calibration.py (fitted
-transient terms). The names below the imports are the estimate's public surface, for callers
-that import this one module.
+transient terms); import each name from the module that defines it.
 
 What it models (read from the installed transformers / peft / bitsandbytes):
 - weights: see weights.py (only the decoder's nn.Linear layers are quantized).
@@ -28,17 +27,15 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ...errors import UsageError
-from .calibration import (CALIBRATION, calibration_key, features, features_for, linear_sum,  # noqa: F401
-                          precision_group, train_act_bytes, transient_bytes)
+from .calibration import (CALIBRATION, calibration_key, features, features_for, linear_sum, precision_group,
+                          train_act_bytes, transient_bytes)
 from .cache_layout import summary as cache_summary
 from ..family.families import eager_attention_base, inference_terms, sdpa_masked_layers, train_terms, verification
-from .lora import (DEFAULT_LORA_TARGETS, OPTIMIZERS, LoraTargets, adapter_bytes, check_lora_targets,  # noqa: F401
-                   lora_params, optimizer_name, resolve_lora_targets)
+from .lora import DEFAULT_LORA_TARGETS, adapter_bytes, optimizer_name, resolve_lora_targets
 from .recompute import layer_peak
-from .shape import KNOWN_FAMILIES, LinearGroup, ModelShape, load_config, model_shape  # noqa: F401
-from .weights import (ENGINES, EXPERTS_KEY, FILE_PRECISIONS, PRECISIONS, accelerate_style_bytes, block_rounded,  # noqa: F401
-                      dtype_bytes, kv_cache_bytes, largest_cache_layer_bytes, quantized_linear_bytes, serving_notes,
-                      w4a16_linear_bytes, weight_breakdown, weight_bytes)
+from .shape import ModelShape
+from .weights import (ENGINES, EXPERTS_KEY, FILE_PRECISIONS, PRECISIONS, block_rounded, dtype_bytes,
+                      kv_cache_bytes, largest_cache_layer_bytes, serving_notes, weight_breakdown)
 
 MODES = ("weights", "prefill", "generate", "train")
 # tokens generated after the prompt when a caller does not say: what the H200 matrix measured

@@ -5,7 +5,7 @@ bytes are not a bits-per-parameter guess: each tensor's type has a block size an
 (gguf's GGML_QUANT_SIZES: Q4_K = 144 bytes per 256 weights = 4.5 bits, Q6_K 6.5625, Q8_0 8.5), and
 the sum over tensors is what llama.cpp maps. The `gguf` package reads the header through a memory
 map; no tensor data is read. Dimensions come from the metadata ({arch}.block_count, ...);
-estimate.model_shape turns them into a ModelShape whose `stored_weights` are the file's bytes.
+shape.model_shape turns them into a ModelShape whose `stored_weights` are the file's bytes.
 """
 
 from __future__ import annotations

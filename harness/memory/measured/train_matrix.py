@@ -269,7 +269,7 @@ def environment(device: str = "cuda:0") -> dict:
 # ---------------------------------------------------------------------------------------------
 # Reading rows back
 
-# Never in the fit of estimate.CALIBRATION's training keys (benchmarks/vram/fit_calibration.py --train
+# Never in the fit of calibration.CALIBRATION's training keys (benchmarks/vram/fit_calibration.py --train
 # --holdout ...): phi-3's fused qkv_proj/gate_up_proj, and a larger qwen2.
 HOLDOUT_ARCHS = ("phi-3-mini-4k", "qwen2.5-3b")
 

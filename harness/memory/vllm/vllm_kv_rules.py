@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import UsageError
-from .vllm_kv_families import DTYPE_BYTES, Platform, Unmodelled, layer_specs, model_layout, text_config  # noqa: F401 (Unmodelled re-exported)
+from .vllm_kv_families import DTYPE_BYTES, Platform, Unmodelled, layer_specs, model_layout, text_config
 from .vllm_kv_layout import KvSizing, LayoutRefused, Scheduling, group_layers, largest_max_model_len, size
 
 

@@ -57,7 +57,7 @@ from typing import Any
 from ...errors import UsageError
 from ..fit.gpus import Gpu
 from .vllm_alloc import cublas_workspace_bytes, load_slack_bytes
-from .vllm_model import ModelFacts, model_facts  # noqa: F401  (model_facts: re-exported for callers)
+from .vllm_model import ModelFacts
 from .vllm_plan_kv import gpu_kv_layout, kv_layout_note, layout_fit_reason
 from .vllm_linear_terms import linear_bytes, lora_slot_bytes
 
