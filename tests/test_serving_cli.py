@@ -248,7 +248,7 @@ def test_a_failing_test_body_still_stops_the_server(tmp_path):
         os.killpg(pid, 0)
 
 
-@pytest.mark.alone
+# not `alone`: it asserts the results' shape and distinct Poisson send times, no time bound
 def test_bench_poisson_rate_mode(standin, tmp_path):
     out = tmp_path / "r.json"
     proc = _cli("bench", "--endpoint", standin.base_url, "--model", "standin", "--request-rate", "50",
