@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from harness.memory.vllm.vllm_kv_families import cpu_platform
+from harness.memory.family import registry
+from harness.memory.vllm.vllm_kv_families import LAYOUTS, cpu_platform, dense
 from harness.memory.vllm.vllm_kv_rules import KV_RULES, cpu_refusal, plan_kv
 from harness.memory.vllm.vllm_quant_rules import ACT_DTYPES, QUANT_METHODS
-from harness.memory.vllm.vllm_tiny import FALCON_H1, LLAMA4_TEXT, NEMOTRON_H
+from harness.memory.family.registry import FALCON_H1, LLAMA4_TEXT, NEMOTRON_H
 from harness.models import reference_config
+from harness.settings import BASELINE_VLLM, PINNED_VLLM
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKER = ROOT / "harness" / "memory" / "vllm" / "vllm_kv_check.py"
-VERSIONS = ["0.31.0", "0.32.0"]
+VERSIONS = [BASELINE_VLLM, PINNED_VLLM]
 GiB = 1024**3
 
 MLA = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
@@ -67,8 +69,12 @@ CASES = [
      3000, GiB),
     ("qwen2.5-1.5b-dense", reference_config("qwen2.5-1.5b"), 8192, 4 * GiB),
 ]
-FAMILIES = {"gemma3_text", "gemma4_text", "qwen3_5_text", "qwen3_next", "gpt_oss", "olmo3", "lfm2",
-            "granitemoehybrid", "deepseek_v2", "qwen2", "nemotron_h", "llama4_text", "falcon_h1"}
+
+
+def _layout_code(model_type: str):
+    """The code that builds this family's layers (interleaved layouts of any period share one)."""
+    entry = registry.family(model_type)
+    return (LAYOUTS[entry.vllm_layout] if entry and entry.vllm_layout else dense).__code__
 
 
 def _vllm_python(version: str) -> Path:
@@ -89,8 +95,10 @@ def vllm_said(request):
     return request.param, {r["id"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
 
 
-def test_the_cases_cover_every_family():
-    assert {c["model_type"] for _, c, _, _ in CASES} == FAMILIES
+def test_the_cases_cover_every_layout_a_family_names():
+    named = {f.vllm_layout for f in registry.FAMILIES if f.vllm_layout}
+    assert named <= set(LAYOUTS), sorted(named - set(LAYOUTS))
+    assert {_layout_code(c["model_type"]) for _, c, _, _ in CASES} == {LAYOUTS[n].__code__ for n in named} | {dense.__code__}
     assert {tuple(map(int, v.split(".")[:2])) for v in VERSIONS} == set(KV_RULES)
 
 

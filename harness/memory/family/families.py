@@ -30,8 +30,8 @@ differently, and the functions below turn each trait into the bytes autograd kee
 - MoE (Qwen3-MoE, Mixtral in transformers 5): experts are 3-D nn.Parameters, not nn.Linear, so
   bitsandbytes leaves them in the torch dtype; they count as unquantized weights.
 
-Which families the estimate was checked against on a GPU is VERIFIED (kept honest by a test that
-recomputes it from the committed measured rows).
+Which families the estimate was checked against on a GPU is each entry's `verified` in registry.py
+(kept honest by a test that recomputes it from the committed measured rows).
 """
 
 from __future__ import annotations
@@ -40,37 +40,8 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from typing import Any
 
-# family -> (inference measured, training measured) on the H200, from committed rows
-VERIFIED: dict[str, tuple[bool, bool]] = {
-    "llama": (True, True),  # llama-3.2-1b/3b, tinyllama-1.1b, smollm2-1.7b
-    "qwen2": (True, True),  # qwen2.5-0.5b/1.5b/3b/7b
-    "phi3": (True, True),  # phi-3-mini-4k (held out of the fit), phi-4-mini (issue 27, held out)
-    # issue 27 (measurements/vram/families/, transformers 5.17): within 2% median, 5% worst
-    "gemma2": (True, True),  # gemma-2-2b
-    "gemma3_text": (True, True),  # gemma-3-1b
-    "qwen3": (True, True),  # qwen3-1.7b (held out)
-    # the second run (measurements/vram/families/run-02, held out): inference within the goals;
-    # Mistral's QLoRA training meets the error goals since the recomputed layer is modelled point by
-    # point (recompute.py), read against those rows; the third run (run-03, --set fresh)
-    # backs it out of sample: 7 fresh checkpointed rows median 1.1%, worst +3.4%, worst under -2.7%,
-    # and plan --train agrees on its 6 fresh boundary cases (pooled 18 of 20, no fit ran out).
-    # qwen3_moe stays unverified: only its bf16 inference was measured (within 1.2%), not the
-    # bitsandbytes path whose 3-D experts stay unquantized, nor training
-    "mistral": (True, True),  # mistral-7b-v0.3 (held out)
-    # this year's run (measurements/vram/families/run-20, transformers 5.17, drawn before the run):
-    # Gemma-4-E2B/E4B inference median 0.7%, worst -1.7% over 9 rows; its training is not (worst -9.6%
-    # without checkpointing: MEASURED_UNDER)
-    "gemma4_text": (True, False),
-}
-# the architectures whose rows back VERIFIED (measurements/vram/, measurements/vram/families/)
-VERIFIED_BY = {"llama": ("llama-3.2-1b", "llama-3.2-3b", "tinyllama-1.1b", "smollm2-1.7b"),
-               "qwen2": ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"),
-               "phi3": ("phi-3-mini-4k", "phi-4-mini"), "gemma2": ("gemma-2-2b",),
-               "gemma3_text": ("gemma-3-1b", "gemma-3-4b"), "qwen3": ("qwen3-1.7b",), "mistral": ("mistral-7b-v0.3",),
-               "gemma4_text": ("gemma-4-e2b", "gemma-4-e4b")}
-# the attention the measured runs used, where transformers' choice depends on its version: Gemma-2
-# was measured under 5.17 (SDPA); its eager path (transformers >= 5.21) has no GPU rows yet
-VERIFIED_ATTENTION = {"gemma2": "sdpa"}
+from .registry import Family, family as registry_entry
+
 # The uncertainty an estimate carries where no GPU measurement backs the family (or the attention
 # this transformers picks for it), by mode group: the worst under-prediction the generic path (the
 # exact layout, a bare dense family's transient terms) makes on the measured families' committed
@@ -79,25 +50,9 @@ VERIFIED_ATTENTION = {"gemma2": "sdpa"}
 # -2.8% (phi-4-mini); training: 79 rows, worst -14.4% (gemma-2-2b, its eager scores and soft-cap
 # dropped). A fit inside it is "tight: unverified family", never a plain fit.
 UNVERIFIED_MARGIN = {"inference": 0.03, "train": 0.145}
-# Families measured on the H200 whose rows miss the goals: the worst under-prediction those rows show,
-# by mode group, rounded up to the next half per cent (measurements/vram/families/run-20, the Gated
-# DeltaNet, short-conv and Mamba-2 layers on transformers' reference PyTorch path). An unverified
-# family's uncertainty is never below what was measured for it: the generic margin does not cover
-# Qwen3.5's training step without checkpointing (-29.8%) or Granite-4-H's Mamba-2 prefill (-48.7%).
-# tests/test_memory_families.py holds every measured family's rows inside its stated uncertainty.
-MEASURED_UNDER: dict[str, dict[str, float]] = {
-    "qwen3_5_text": {"inference": 0.09, "train": 0.30},
-    "granitemoehybrid": {"inference": 0.49},
-    "gpt_oss": {"inference": 0.04},
-    "gemma4_text": {"train": 0.10},
-    "lfm2": {"inference": 0.005, "train": 0.005},  # over by up to 66% (training), under by 0.5% at most
-}
-EAGER_FAMILIES = ("gemma2",)  # transformers refuses SDPA for them (soft-capping) ...
-# ... from this version on (5.17 and 5.20 declare `_supports_sdpa = True`, 5.21, 5.22, 5.24 False)
-EAGER_SINCE = (5, 21)
-QK_NORM_FAMILIES = ("qwen3", "qwen3_moe", "gemma3_text", "gemma3")
-FOUR_NORM_FAMILIES = ("gemma2", "gemma3_text", "gemma3")
-TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gemma3")  # config classes default to tied
+# Each family's verification state, measured margins (`measured_under`: an unverified family's
+# uncertainty is never below what was measured for it; tests/test_memory_families.py holds every
+# measured family's rows inside its stated uncertainty) and traits are its entry in registry.py.
 
 
 @dataclass(frozen=True)
@@ -138,6 +93,16 @@ class FamilyTraits:
         return out
 
 
+def _entry(family: str) -> Family:
+    """The family's registry entry; a family it does not list has none of the traits or measurements."""
+    return registry_entry(family) or Family(family)
+
+
+def tied_by_default(family: str) -> bool:
+    """Whether the family's config class defaults to tied embeddings."""
+    return _entry(family).tied_by_default
+
+
 def _int(value: Any, default: int = 0) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
@@ -176,9 +141,10 @@ def _version_tuple(version: str) -> tuple[int, int]:
 def attention_implementation(family: str, transformers: str | None) -> str:
     """What from_pretrained picks without attn_implementation: SDPA where the model class declares
     `_supports_sdpa`, else eager. `transformers` None: the newest behaviour (eager for Gemma-2)."""
-    if family not in EAGER_FAMILIES:
+    since = _entry(family).eager_since
+    if since is None:
         return "sdpa"
-    if transformers is not None and (5, 0) <= _version_tuple(transformers) < EAGER_SINCE:
+    if transformers is not None and (5, 0) <= _version_tuple(transformers) < since:
         return "sdpa"
     return "eager"
 
@@ -209,6 +175,7 @@ def sdpa_masked_layers(shape, seq: int) -> int:
 def traits_from_config(config: dict, window: int | None = None, transformers: str | None = None) -> FamilyTraits:
     """`transformers`: the version whose attention choice applies (default: the installed one)."""
     family = str(config.get("model_type") or "unknown").lower()
+    entry = _entry(family)
     softcap = config.get("attn_logit_softcapping")
     final = config.get("final_logit_softcapping")
     experts = _int(config.get("num_experts") or config.get("num_local_experts"))
@@ -217,8 +184,8 @@ def traits_from_config(config: dict, window: int | None = None, transformers: st
         attention=attention_implementation(family, transformers or installed_transformers()),
         attn_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
         final_softcap=float(final) if isinstance(final, (int, float)) and final else None,
-        qk_norm=family in QK_NORM_FAMILIES,
-        norms_per_layer=4 if family in FOUR_NORM_FAMILIES else 2,
+        qk_norm=entry.qk_norm,
+        norms_per_layer=4 if entry.four_norms else 2,
         sliding_layers=sliding_layer_count(config, window),
         scaled_embeddings=family.startswith("gemma"),
         experts=experts,
@@ -228,10 +195,11 @@ def traits_from_config(config: dict, window: int | None = None, transformers: st
 
 def verification(family: str, mode: str, source: str, traits: FamilyTraits | None = None) -> dict[str, Any]:
     """Whether the estimate of `mode` was checked on a GPU for this family, and how it was made."""
-    infer_ok, train_ok = VERIFIED.get(family, (False, False))
+    entry = _entry(family)
+    infer_ok, train_ok = entry.verified
     checked = train_ok if mode == "train" else infer_ok
     attention = traits.attention if traits is not None else None
-    other_attention = checked and attention not in (None, VERIFIED_ATTENTION.get(family, attention))
+    other_attention = checked and attention not in (None, entry.verified_attention or attention)
     layout = {"config": "the exact layout from config fields", "meta": "a layout counted on the meta device",
               "safetensors": "the layout from the safetensors headers", "gguf": "the layout from the GGUF header"}.get(source, source)
     differs = traits.differs if traits is not None else []
@@ -239,14 +207,14 @@ def verification(family: str, mode: str, source: str, traits: FamilyTraits | Non
             + (f", plus this family's own terms: {', '.join(differs)}" if differs else ""))
     checked = checked and not other_attention
     group = "train" if mode == "train" else "inference"
-    measured = MEASURED_UNDER.get(family, {}).get(group, 0.0)
-    out = {"family": family, "verified": checked, "measured_on": list(VERIFIED_BY.get(family, ())) if checked else [],
+    measured = entry.measured_under.get(group, 0.0)
+    out = {"family": family, "verified": checked, "measured_on": list(entry.verified_by) if checked else [],
            "path": path, "uncertainty": 0.0 if checked else max(UNVERIFIED_MARGIN[group], measured)}
     what = f"unverified for {family} {'training' if mode == 'train' else 'inference'}"
     if other_attention:
         out["note"] = (f"{what} with {attention} attention (what this transformers picks): the GPU rows were "
-                       f"measured with {VERIFIED_ATTENTION[family]} attention")
-    elif not checked and group in MEASURED_UNDER.get(family, {}):
+                       f"measured with {entry.verified_attention} attention")
+    elif not checked and group in entry.measured_under:
         out["note"] = (f"{what}: measured on the H200 with errors outside the goals, the worst "
                        f"under-prediction {measured:.1%}; its uncertainty is "
                        f"{out['uncertainty']:.1%}").replace(".0%", "%")

@@ -17,9 +17,11 @@ from typing import Any
 from ...errors import UsageError
 from ...models import CONFIG_DIR
 from .cache_layout import CacheLayer, layout_from_config, layout_from_meta
-from ..family.families import TIED_BY_DEFAULT, FamilyTraits, traits_from_config
+from ..family.families import FamilyTraits, traits_from_config
+from ..family.registry import model_types
 
-KNOWN_FAMILIES = ("llama", "qwen2", "mistral", "phi3", "qwen3", "gemma2", "gemma3_text")
+KNOWN_FAMILIES = model_types(exact_layout=True)  # family/registry.py
+TIED_BY_DEFAULT = model_types(tied_by_default=True)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Which KV cache spec vLLM gives each layer of a model, read from its config.json (no vLLM import).
 
-One entry per family in FAMILIES, each what that family's vLLM model file builds (read at 0.31.0 /
+One layout function per kind of model file, declared with @layout (LAYOUTS); each family's entry
+in harness/memory/family/registry.py names the one its vLLM model file builds (read at 0.31.0 /
 0.32.0): the attention layers' heads, head size and window, the layers whose KV is shared (no
 spec), the Mamba / Gated DeltaNet / short-conv state per request. A config whose layers name a
 kind no entry knows is refused with the reason (`Unmodelled`): the plan then answers "unknown".
@@ -15,6 +16,7 @@ from math import prod
 from typing import Callable
 
 from ...errors import UsageError
+from ..family.registry import family as family_entry
 from .vllm_kv_layout import LayerSpec, align_hybrid_block_size
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2}
@@ -88,6 +90,17 @@ def text_config(config: dict) -> dict:
     return config
 
 
+LayoutFn = Callable[[dict], "list[Layer]"]
+# layout name (what a registry entry's vllm_layout says) -> the function building a config's layers
+LAYOUTS: dict[str, LayoutFn] = {}
+
+
+def layout(fn: LayoutFn) -> LayoutFn:
+    """Declare a layout function under its own name."""
+    LAYOUTS[fn.__name__] = fn
+    return fn
+
+
 def _head_dim(c: dict) -> int:
     return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
 
@@ -148,6 +161,7 @@ def interleaved(period: int) -> Callable[[dict], list[Layer]]:
     return build
 
 
+@layout
 def gpt_oss(c: dict) -> list[Layer]:
     """gpt_oss.py: sliding window on even layers, whatever layer_types says; sinks are a parameter
     of the attention, not a KV spec."""
@@ -156,6 +170,7 @@ def gpt_oss(c: dict) -> list[Layer]:
             for i in range(int(c["num_hidden_layers"]))]
 
 
+@layout
 def gemma4(c: dict) -> list[Layer]:
     """gemma4.py: full-attention layers use global_head_dim (and num_global_key_value_heads with
     attention_k_eq_v); the last num_kv_shared_layers layers read an earlier layer's KV: no spec."""
@@ -176,6 +191,7 @@ def gemma4(c: dict) -> list[Layer]:
     return layers
 
 
+@layout
 def gated_deltanet(c: dict) -> list[Layer]:
     """qwen3_next.py / qwen3_5.py: Gated DeltaNet layers hold a conv state and a recurrent state
     per request (MambaStateShapeCalculator.gated_delta_net_state_shape), the others attention."""
@@ -189,6 +205,7 @@ def gated_deltanet(c: dict) -> list[Layer]:
             for t in types]
 
 
+@layout
 def short_conv(c: dict) -> list[Layer]:
     """lfm2.py: short-conv layers hold (conv_L_cache - 1) x conv_dim per request. vLLM reads
     conv_dim from the config (transformers 5.2x no longer writes it: vLLM then fails to load)."""
@@ -213,6 +230,7 @@ def _mamba2_state(heads: int, head_dim: int, groups: int, state_size: int, conv_
 NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
 
+@layout
 def nemotron_h(c: dict) -> list[Layer]:
     """nemotron_h.py: hybrid_override_pattern (transformers 5: layers_block_type) names each layer:
     'M' a Mamba-2 mixer (MambaMixer2, inner mamba_num_heads x mamba_head_dim), '*' attention, '-' MLP
@@ -243,6 +261,7 @@ def nemotron_h(c: dict) -> list[Layer]:
     return out
 
 
+@layout
 def falcon_h1(c: dict) -> list[Layer]:
     """falcon_h1.py: every decoder layer runs attention and a Mamba-2 mixer (MambaMixer2) in parallel:
     one full-attention spec and one Mamba spec per layer. Missing fields take transformers'
@@ -261,6 +280,7 @@ def falcon_h1(c: dict) -> list[Layer]:
     return layers
 
 
+@layout
 def mamba2_hybrid(c: dict) -> list[Layer]:
     """granitemoehybrid.py: Mamba-2 layers (conv + SSM state, mamba2_state_shape) beside attention.
     In 0.32 a Mamba-2 layer keeps one more prefill checkpoint block in align mode."""
@@ -281,6 +301,7 @@ def mamba2_hybrid(c: dict) -> list[Layer]:
     return out
 
 
+@layout
 def llama4(c: dict) -> list[Layer]:
     """llama4.py: a RoPE layer (no_rope_layers[i] == 1) uses ChunkedLocalAttention when the config has
     an attention_chunk_size, a NoPE layer (0) full attention. The defaults are transformers'
@@ -295,6 +316,7 @@ def llama4(c: dict) -> list[Layer]:
                        "full_attention") for i in range(n)]
 
 
+@layout
 def mla(c: dict) -> list[Layer]:
     """deepseek_v2.py: multi-head latent attention caches one latent of kv_lora_rank +
     qk_rope_head_dim per token and layer (MLAAttentionSpec, one 'head', no separate V)."""
@@ -302,20 +324,9 @@ def mla(c: dict) -> list[Layer]:
     return [Layer("mla", 1, head, 0) for _ in range(int(c["num_hidden_layers"]))]
 
 
-FAMILIES: dict[str, Callable[[dict], list[Layer]]] = {
-    "gemma2": interleaved(2), "gemma3_text": interleaved(6), "gemma3": interleaved(6), "cohere2": interleaved(4),
-    "olmo3": interleaved(4), "gpt_oss": gpt_oss, "gemma4_text": gemma4, "gemma4": gemma4,
-    "qwen3_next": gated_deltanet, "qwen3_5_text": gated_deltanet, "qwen3_5": gated_deltanet,
-    "qwen3_5_moe_text": gated_deltanet, "qwen3_5_moe": gated_deltanet,
-    "lfm2": short_conv, "granitemoehybrid": mamba2_hybrid, "nemotron_h": nemotron_h,
-    "falcon_h1": falcon_h1,
-    "deepseek_v2": mla, "deepseek_v3": mla, "llama4_text": llama4, "llama4": llama4,
-}
-# Layer kinds of families not modelled (their own layer_types or fields), named so the plan says why.
-UNMODELLED_SIGNS = {"jamba": "Mamba-1 hybrid (jamba)", "lfm2_moe": "short-conv MoE (lfm2_moe)",
-                    "olmo_hybrid": "OLMo hybrid",
-                    "deepseek_v32": "sparse MLA with an indexer (deepseek_v32)",
-                    "deepseek_v4": "DeepSeek-V4 compressed attention"}
+for _period in (2, 4, 6):  # Gemma-2, OLMo-3 / Cohere-2, Gemma-3
+    LAYOUTS[f"interleaved_{_period}"] = interleaved(_period)
+# Config fields of layer kinds only a layout function reads: a family with none says why it is refused
 SPECIAL_FIELDS = ("kv_lora_rank", "mamba_n_heads", "mamba_d_state", "linear_num_value_heads", "conv_L_cache",
                   "attention_chunk_size", "num_kv_shared_layers", "ssm_cfg")
 
@@ -323,9 +334,10 @@ SPECIAL_FIELDS = ("kv_lora_rank", "mamba_n_heads", "mamba_d_state", "linear_num_
 def model_layout(config: dict) -> ModelLayout:
     c = text_config(config)
     family = str(c.get("model_type") or "")
-    if family in UNMODELLED_SIGNS:
-        raise Unmodelled(f"{UNMODELLED_SIGNS[family]}: the plan does not model this layout")
-    build = FAMILIES.get(family)
+    entry = family_entry(family)
+    if entry is not None and entry.vllm_unmodelled:
+        raise Unmodelled(f"{entry.vllm_unmodelled}: the plan does not model this layout")
+    build = LAYOUTS[entry.vllm_layout] if entry is not None and entry.vllm_layout else None
     if build is None:
         odd = [k for k in SPECIAL_FIELDS if c.get(k)]
         if odd:
