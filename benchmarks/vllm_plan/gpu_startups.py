@@ -90,6 +90,8 @@ def flag_args(flags: dict) -> list[str]:
         opt = "--" + name.replace("_", "-")
         if value is True:
             out.append(opt)
+        elif isinstance(value, dict):  # e.g. --hf-overrides: vLLM parses the value as JSON
+            out += [opt, json.dumps(value)]
         elif value is not False:
             out += [opt, str(value)]
     return out
@@ -244,11 +246,21 @@ def ensure_config_only(models_dir: Path, name: str) -> bool:
     return (target / "config.json").is_file()
 
 
-def settings_from(path: Path) -> dict:
-    """A job set kept as data: {"settings": {id: [model, {vLLM flag: value}]}}; a model named with
-    "config-only" is a reference config started with dummy weights."""
+def settings_from(path: Path) -> tuple[dict, dict, dict]:
+    """A job set kept as data: {"settings": {id: [model, {vLLM flag: value}]}, "start_timeout_s":
+    {id: seconds}, "share_gib": {id: GiB}} (the last two optional: a setting known to start slowly
+    gets its own timeout; a share in GiB becomes the utilization of the card it runs on, see
+    share_utilization); flags with load_format "dummy" start a reference config with vLLM's random weights."""
     data = json.loads(path.read_text())
-    return {sid: (model, flags) for sid, (model, flags) in data["settings"].items()}
+    return ({sid: (model, flags) for sid, (model, flags) in data["settings"].items()},
+            {sid: float(s) for sid, s in (data.get("start_timeout_s") or {}).items()},
+            {sid: float(g) for sid, g in (data.get("share_gib") or {}).items()})
+
+
+def share_utilization(share_gib: float, total_bytes: int) -> float:
+    """--gpu-memory-utilization that gives `share_gib` of a card of `total_bytes` (3 digits: 6 GiB
+    of the H200's 139.8 GiB is 0.043, as the earlier holds ran it; of an H100's 79.2 GiB, 0.076)."""
+    return round(share_gib * 2**30 / total_bytes, 3)
 
 
 def ensure_model(models_dir: Path, name: str) -> bool:
@@ -279,7 +291,8 @@ def main() -> int:
     parser.add_argument("--wait-graphs", action="store_true",
                         help="after the KV cache is sized, wait for CUDA graph capture (its memory is logged)")
     args = parser.parse_args()
-    settings = settings_from(args.settings) if args.settings else SETTINGS
+    settings, timeouts, shares = settings_from(args.settings) if args.settings else (SETTINGS, {}, {})
+    total = cuda_memory()[1] if shares else 0
     ids = args.only.split(",") if args.only else [i for i in settings if i not in SERVED]
     if args.group:
         ids = [i for i in ids if settings[i][1].get("enforce_eager", False) == (args.group == "eager")]
@@ -293,6 +306,8 @@ def main() -> int:
             print(f"{sid}: skipped, {left:.0f} s left", flush=True)
             continue
         model, flags = settings[sid]
+        if sid in shares and total:
+            flags = {**flags, "gpu_memory_utilization": share_utilization(shares[sid], total)}
         if model == W4A16 and (Path(args.models) / GPTQ / "config.json").is_file():
             model = GPTQ  # the quantize chain's own output, when it ran
         config_only = flags.get("load_format") == "dummy"
@@ -300,7 +315,8 @@ def main() -> int:
             print(f"{sid}: skipped, no {model} (its build did not run or failed)", flush=True)
             continue
         rec = start_once(sid, Path(args.models) / model, flags, sid in SERVED, log_dir,
-                         min(args.start_timeout_s, left - 5), args.wait_graphs and not flags.get("enforce_eager"))
+                         min(timeouts.get(sid, args.start_timeout_s), left - 5),
+                         args.wait_graphs and not flags.get("enforce_eager"))
         append(out, rec)
         lg = rec["logged"]
         probe = rec.get("token_probe")

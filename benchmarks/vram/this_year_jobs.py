@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/vram/this_year_jobs.py [--out measurements/vram/this-year-jobs.json]
     .venv/bin/python benchmarks/vram/this_year_jobs.py --tiny DIR --out DIR/jobs.json   # CPU dry run
+    .venv/bin/python benchmarks/vram/this_year_jobs.py --next --out measurements/vram/next-hold-jobs.json
 
 The jobs (run by `benchmarks/vram/families.py --jobs FILE`, one fresh process each):
 - inference, bf16 and nf4-dq, per family with a checkpoint: weights, prefill 2048, generate 512+64
@@ -125,6 +126,22 @@ def jobs(trained=TRAINED, built=BUILT_ON_DEVICE, boundary=BOUNDARY, fused=FUSED,
     return infer[len(trained) * 2:] + rest
 
 
+# What the first hold (families run 20) did not reach, for the next: the fused-kernel jobs (queued
+# last, killed at the deadline), then the QLoRA steps of the families built on the GPU there; here
+# their bf16 checkpoints are saved on the device (Gemma-4-E4B 15 GiB, Granite 13 GiB). Not gpt-oss-20b:
+# its bf16 checkpoint (39 GiB) does not fit the 64 GiB disk beside them, and the driver claims
+# 117-154 GiB for its steps (families.train_job), more than a lent card's pool.
+NEXT_TRAINED = ("gemma-4-e4b", "granite-4.0-h-tiny")
+
+
+def next_jobs() -> list[dict]:
+    """The next hold's jobs: the fused-kernel ones, then the two QLoRA matrices, families
+    alternating so a run cut short keeps some of each."""
+    fla = [j for j in jobs(trained=(), built=(), boundary=()) if j["name"].endswith("-fla")]
+    per_family = [[train_job(c) for c in matrix_cases(a)] for a in NEXT_TRAINED]
+    return fla + [j for pair in zip(*per_family) for j in pair]
+
+
 # the reference names' tiny twins (harness.memory.vllm.vllm_tiny: the same layer kinds, shrunk)
 TINY_TWIN = {"gemma-3-1b": "gemma3", "gemma-3-4b": "gemma3", "gemma-4-e2b": "gemma4-shared", "gemma-4-e4b": "gemma4",
              "qwen3.5-2b": "qwen3.5", "qwen3.5-4b": "qwen3.5", "lfm2-1.2b": "lfm2", "granite-4.0-h-tiny": "granite4h",
@@ -167,8 +184,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "measurements" / "vram" / "this-year-jobs.json"))
     ap.add_argument("--tiny", metavar="DIR", help="shrunk configs in DIR and jobs over them, for a CPU dry run")
+    ap.add_argument("--next", action="store_true", help="the next hold's jobs (what run 20 did not reach)")
     args = ap.parse_args(argv)
-    drawn = tiny_jobs(Path(args.tiny)) if args.tiny else jobs()
+    drawn = tiny_jobs(Path(args.tiny)) if args.tiny else next_jobs() if args.next else jobs()
     atomic.write_json(Path(args.out), {"job_set": JOB_SET, "jobs": drawn})
     kinds = Counter(j["case"]["role"] if "case" in j else j["kind"] for j in drawn)
     print(f"{len(drawn)} jobs {dict(kinds)} -> {args.out}")

@@ -6,7 +6,16 @@
 # Gated DeltaNet kernels (flash-linear-attention, fla-core) to /tmp/site-fla (only the jobs that name
 # that path: the others run transformers' reference PyTorch path). Commit the run with
 #   python scripts/pack_measurement.py DIR vram/families/run-20 --script "bash scripts/gpu/this-year.sh" ...
+# In the background of the calls that carry vLLM's parts (the next hold, docs/gpu.md "The next hold"):
+#   FAMILIES_JOBS=measurements/vram/next-hold-jobs.json bash scripts/gpu/this-year.sh start
+# returns at once; `bash scripts/gpu/vllm_steps.sh wait-families S` waits for it (/tmp/families.pid,
+# /tmp/families-out/DONE) and then the GPU is free; /tmp/families-out.tar.gz holds the run.
 set -uo pipefail
+if [ "${1:-}" = start ]; then
+  (setsid bash "$0" > /tmp/this-year.log 2>&1 < /dev/null & echo $! > /tmp/families.pid)
+  echo "this-year.sh started in the background (pid $(cat /tmp/families.pid), jobs ${FAMILIES_JOBS:-measurements/vram/this-year-jobs.json})"
+  exit 0
+fi
 OUT=${OUT:-/tmp/this-year-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
