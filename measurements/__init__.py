@@ -112,6 +112,8 @@ def pack(directory: Path, archive: Path, exclude: tuple[str, ...] = ("README.md"
 def summarise(name: str) -> dict:
     """What a packed run holds, recomputed from its raw files: files, rows per kind, the training
     steps that ran out and those that fitted, the environment it ran under."""
+    if entry(name)["kind"] == "matrix-run":
+        return _summarise_matrix(name)
     from harness.memory.measured import families_truth as T
 
     directory = unpacked(name)
@@ -128,14 +130,29 @@ def summarise(name: str) -> dict:
                                                     "bitsandbytes", "job_set")}}
 
 
+def _summarise_matrix(name: str) -> dict:
+    """A packed VRAM matrix run (rows-<arch>.json files): files, rows per mode, architectures, environment."""
+    from harness.memory.measured.matrix import load_matrix
+
+    files = sorted(p for p in unpacked(name).rglob("*") if p.is_file())
+    rows, env = load_matrix(matrix_rows(name))
+    modes: dict[str, int] = {}
+    for r in rows:
+        modes[r["mode"]] = modes.get(r["mode"], 0) + 1
+    return {"files": len(files), "bytes": sum(p.stat().st_size for p in files), "rows": modes,
+            "archs": sorted({r["arch"] for r in rows}),
+            "environment": {k: env.get(k) for k in ("gpu", "torch", "cuda", "transformers", "peft", "bitsandbytes")}}
+
+
 def folder(name: str) -> Path:
     """The folder of an entry of plain files."""
     return HERE / entry(name)["folder"]
 
 
 def matrix_rows(name: str = "vram/matrix") -> list[Path]:
-    """The rows-*.json files of a committed VRAM matrix (vram/matrix, vram/run1, vram/holdout)."""
-    return sorted(folder(name).glob("rows-*.json"))
+    """The rows-*.json files of a committed VRAM matrix (vram/matrix, vram/holdout; vram/run1 is packed)."""
+    where = unpacked(name) if "archive" in entry(name) else folder(name)
+    return sorted(where.glob("rows-*.json"))
 
 
 def truth_runs() -> dict[str, Path]:

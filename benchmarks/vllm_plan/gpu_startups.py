@@ -39,37 +39,10 @@ from harness.serving.launcher import log_cause, parse_startup_log  # noqa: E402
 BF16, W4A16, GPTQ, AWQ = "qwen2.5-1.5b", "qwen2.5-1.5b-w4a16", "qwen2.5-1.5b-gptq", "qwen2.5-1.5b-awq"
 Q05 = "qwen2.5-0.5b"
 BUILT_HERE = {Q05}  # small enough to build with random bf16 weights on the spot (CPU, ~0.5B params)
-SIX_GIB_SHARE = 0.043  # 6 GiB of the H200's 139.8 GiB: a small card's whole memory
-# id -> model, flags (the names of vLLM's own options), group. "graphs" settings capture CUDA
-# graphs (no --enforce-eager); s05 is served to the end (the bench step reuses it).
-SETTINGS = {  # in the order they run: the most telling first, in case time runs out
-    "s01": (BF16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 4096, "enforce_eager": True}),
-    "s07": (W4A16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 8192, "enforce_eager": True}),
-    "s04": (BF16, {"gpu_memory_utilization": 0.3, "max_model_len": 16384, "enforce_eager": True, "enable_lora": True,
-                   "max_lora_rank": 16}),
-    "s10": (BF16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 2048, "enforce_eager": True,
-                   "max_num_seqs": 16}),
-    "s09": (BF16, {"gpu_memory_utilization": 0.025, "max_model_len": 32768, "enforce_eager": True}),
-    "s02": (BF16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 32768, "enforce_eager": True}),
-    "s08": (W4A16, {"gpu_memory_utilization": 0.9, "max_model_len": 2048, "enforce_eager": True}),
-    "s03": (BF16, {"gpu_memory_utilization": 0.1, "max_model_len": 8192, "enforce_eager": True, "max_num_seqs": 64}),
-    "s06": (BF16, {"gpu_memory_utilization": 0.5, "max_model_len": 32768, "max_num_seqs": 256}),
-    "s05": (BF16, {"gpu_memory_utilization": 0.9, "max_model_len": 4096}),
-    # the quantize chain's own GPTQ and AWQ W4A16 outputs, served (Machete on the H200, by vLLM's
-    # log) and asked for tokens
-    "s11": (GPTQ, {"gpu_memory_utilization": 0.9, "max_model_len": 32768, "enforce_eager": True}),
-    "s12": (AWQ, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 4096, "enforce_eager": True}),
-    # Out of sample for the 0.26 terms read from vLLM's source (allocator slack while loading, the
-    # eager profile's held layer input and cuBLAS workspace), none derived from these: another
-    # model whose large tensors leave almost no slack (0.004 GiB predicted, 0.11 for qwen2.5-1.5b),
-    # 2x the batched tokens, a sampler-bound profile, and CUDA graphs at the small share.
-    "s14": (Q05, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 4096, "enforce_eager": True}),
-    "s13": (BF16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 4096, "enforce_eager": True,
-                   "max_num_batched_tokens": 16384}),
-    "s15": (BF16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 2048, "enforce_eager": True,
-                   "max_num_batched_tokens": 2048}),
-    "s16": (BF16, {"gpu_memory_utilization": SIX_GIB_SHARE, "max_model_len": 4096}),
-}
+# id -> model, flags (the names of vLLM's own options), kept as data, in the order they run; settings
+# without enforce_eager capture CUDA graphs; s05 is served to the end (the bench step reuses it).
+DEFAULT_SETTINGS = ROOT / "measurements" / "vllm_plan" / "gpu-startups-settings.json"
+SETTINGS = {sid: (model, flags) for sid, (model, flags) in json.loads(DEFAULT_SETTINGS.read_text())["settings"].items()}
 SERVED = {"s05", "s11", "s12"}
 PROBE = {"input_len": 256, "output_len": 64, "num_prompts": 16, "concurrency": 4}
 # vLLM's debug log says where "Model loading" grows ("Peak GPU memory after loading weights"):
@@ -287,7 +260,8 @@ def main() -> int:
     parser.add_argument("--group", choices=("eager", "graphs"), help="only the eager or only the CUDA-graph settings")
     parser.add_argument("--time-limit-s", type=float, default=540, help="start no setting after this many seconds")
     parser.add_argument("--start-timeout-s", type=float, default=240)
-    parser.add_argument("--settings", type=Path, help="a job set kept as data (settings_from) instead of SETTINGS")
+    parser.add_argument("--settings", type=Path, help="a job set kept as data (settings_from; default: "
+                        "measurements/vllm_plan/gpu-startups-settings.json)")
     parser.add_argument("--wait-graphs", action="store_true",
                         help="after the KV cache is sized, wait for CUDA graph capture (its memory is logged)")
     args = parser.parse_args()

@@ -69,28 +69,14 @@ from harness import atomic  # noqa: E402
 from harness.memory.fit.budget import EXPANDABLE_SEGMENTS  # noqa: E402
 from harness.memory.measured.train_matrix import TrainCase  # noqa: E402
 
-FAMILIES = ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "phi-4-mini")
-FIT_EXCLUDED = ("qwen3-1.7b", "phi-4-mini", "mistral-7b-v0.3", "qwen3-30b-a3b")
-BOUNDARY_FAMILIES = ("mistral-7b-v0.3",) + FAMILIES + ("llama-3.2-3b",)  # the six of the boundary sets
-SETS = {"issue27": FAMILIES, "mistral-moe": ("mistral-7b-v0.3", "qwen3-30b-a3b"),
-        "fresh": ("mistral-7b-v0.3",) + FAMILIES,
-        "reserve": BOUNDARY_FAMILIES,
-        "reserve2": BOUNDARY_FAMILIES,
-        "diagnose5": ("phi-4-mini", "qwen3-1.7b", "gemma-3-1b"),
-        "reserve3": BOUNDARY_FAMILIES,
-        "expandable": BOUNDARY_FAMILIES,
-        "under": ("mistral-7b-v0.3", "phi-4-mini"),
-        "under2": ("mistral-7b-v0.3", "phi-4-mini"),
-        "again": BOUNDARY_FAMILIES,
-        "again2": BOUNDARY_FAMILIES,
-        "again3": BOUNDARY_FAMILIES,
-        "again4": BOUNDARY_FAMILIES,
-        "trace": ("phi-4-mini", "gemma-3-1b"),
-        "trace2": ("mistral-7b-v0.3",),
-        "trace3": BOUNDARY_FAMILIES,
-        "trace4": ("gemma-2-2b", "phi-4-mini"),
-        "planlimit": BOUNDARY_FAMILIES}
-BUILT_ON_DEVICE = ("qwen3-30b-a3b",)  # no checkpoint: harness.memory.measured.moe_case builds it where it runs
+# The job sets are data (measurements/vram/jobs/families-sets.json): each --set's architectures and,
+# for the sets drawn from a seed, the seeds; the drawing below stays code.
+JOB_SETS = json.loads((ROOT / "measurements" / "vram" / "jobs" / "families-sets.json").read_text())
+FAMILIES = tuple(JOB_SETS["families"])
+FIT_EXCLUDED = tuple(JOB_SETS["fit_excluded"])
+BOUNDARY_FAMILIES = tuple(JOB_SETS["boundary_families"])  # the six of the boundary sets
+SETS = {name: tuple(s["archs"]) for name, s in JOB_SETS["sets"].items()}
+BUILT_ON_DEVICE = tuple(JOB_SETS["built_on_device"])  # no checkpoint: harness.memory.measured.moe_case builds it where it runs
 MOE_CLAIM = 72 * 2**30  # 57 GiB of bf16 weights + a 4096 x 2 prefill, with room
 OFFLOAD_TIMEOUT_S = 280  # 57 GB built in host RAM, then every token copies it host -> device
 BUDGET = 6 * 2**30
@@ -369,7 +355,8 @@ def fresh_jobs() -> list[dict]:
 
 # (seed, runs committed before the set was drawn) of the reserve sets: the fourth run tested the
 # reserve chosen on the 150 cases before it, the fifth the same rule's choice over all 186
-RESERVE_SETS = {"reserve": (2729, 3), "reserve2": (2730, 4), "reserve3": (2731, 6)}
+RESERVE_SETS = {n: (s["seed"], s["runs_before"]) for n, s in JOB_SETS["sets"].items()
+                if "seed" in s and "expandable_seed" not in s}
 
 
 def reserve_jobs(job_set: str = "reserve") -> list[dict]:
@@ -393,8 +380,8 @@ def reserve_jobs(job_set: str = "reserve") -> list[dict]:
 
 # (seed of the default verdict's cases, of the expandable verdict's, runs committed before the set
 # was drawn) of the sets that test both verdicts
-AGAIN_SETS = {"again": (2733, 2734, 9), "again2": (2735, 2736, 11), "again3": (2737, 2738, 12),
-              "again4": (2739, None, 17)}
+AGAIN_SETS = {n: (s["seed"], s["expandable_seed"], s["runs_before"]) for n, s in JOB_SETS["sets"].items()
+              if "expandable_seed" in s}
 
 
 def again_jobs(job_set: str = "again") -> list[dict]:
