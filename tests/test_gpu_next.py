@@ -96,3 +96,20 @@ def test_the_families_remainder_puts_the_fused_kernel_jobs_first():
     assert {j["arch"] for j in rest} == {"gemma-4-e4b", "granite-4.0-h-tiny"}
     assert all(j["kind"] == "train" and j["case"]["precision"] == "nf4-dq" and "build" not in j for j in rest)
     assert [j["arch"] for j in rest[:2]] == ["gemma-4-e4b", "granite-4.0-h-tiny"]  # alternating
+
+
+def test_a_gate_run_whose_server_cannot_start_stops_with_one_line_and_exit_1(tmp_path):
+    """An interpreter without vLLM: the driver keeps its summary, says why in its last line, exits 1
+    (scripts/gpu/gate.sh then says the driver stopped early; a call again resumes)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/serving/gate_must_show.py"), "--profile", "gpu",
+                           "--vllm-python", sys.executable, "--model", "tiny", "--server-flags", "--max-num-seqs 4",
+                           "--gates", "1", "--planted", "0", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert last.startswith("gate must-show incomplete: 0 of 1 gates (a server did not start:") and "vllm" in last
+    assert "Traceback" not in proc.stderr
+    summary = json.loads((tmp_path / "gate-must-show.json").read_text())
+    assert summary["profile"] == "gpu" and "complete" not in summary and summary["stopped"].startswith("a server")

@@ -239,7 +239,7 @@ def run_gates(args, stack, base: str, model: str, summary: dict) -> None:
     for kind in kinds & {"max-num-seqs-1", "max-num-seqs-half"}:
         flags = seqs_flags(args.server_flags.split(), kind)
         second = stack.enter_context(launch_vllm(args.vllm_python, args.model_dir, flags, log_dir=args.out / "logs",
-                                                 served_model_name=model))
+                                                 served_model_name=model, startup_timeout_s=args.start_timeout_s))
         urls[kind] = (base, second.base_url)
         summary.setdefault("servers", []).append({"kind": kind, **second.startup.to_json()})
     deadline = _deadline(args)
@@ -294,6 +294,7 @@ def parse_args(argv=None):
     parser.add_argument("--parts")
     parser.add_argument("--stop-at", default=None, help="HH:MM UTC: start no gate that could end after it")
     parser.add_argument("--stop-after-s", type=float, help="start no gate that could end this many seconds after the start")
+    parser.add_argument("--start-timeout-s", type=float, default=600.0, help="seconds a server may take to start")
     parser.add_argument("--resume", action="store_true", help="keep the gates in OUT/gate-must-show.json, run the rest")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "gate-must-show")
     parser.add_argument("--dry-run", action="store_true")
@@ -358,18 +359,23 @@ def main() -> int:
     except ValueError as exc:
         say(f"error: {exc}")
         return 2
-    from harness.serving.launcher import launch_vllm
+    from harness.serving.launcher import ServerStartError, launch_vllm
 
     args.model_dir, model = model_dir(args)
     args.out.mkdir(parents=True, exist_ok=True)
     say("\n".join(plan(args)))
-    with contextlib.ExitStack() as stack:
-        server = stack.enter_context(launch_vllm(args.vllm_python, args.model_dir, args.server_flags.split(),
-                                                 log_dir=args.out / "logs", served_model_name=model))
-        summary.setdefault("servers", []).append({"kind": "baseline", **server.startup.to_json()})
-        if "client" in args.parts and not summary.get("client"):
-            run_client(args, server.base_url, model, summary)
-        run_gates(args, stack, server.base_url, model, summary)
+    try:
+        with contextlib.ExitStack() as stack:
+            server = stack.enter_context(launch_vllm(args.vllm_python, args.model_dir, args.server_flags.split(),
+                                                     log_dir=args.out / "logs", served_model_name=model,
+                                                     startup_timeout_s=args.start_timeout_s))
+            summary.setdefault("servers", []).append({"kind": "baseline", **server.startup.to_json()})
+            if "client" in args.parts and not summary.get("client"):
+                run_client(args, server.base_url, model, summary)
+            run_gates(args, stack, server.base_url, model, summary)
+    except ServerStartError as exc:  # the gates so far stay; a later --resume starts the servers again
+        summary["stopped"] = f"a server did not start: {str(exc)[:300]}"
+        say(summary["stopped"])
     summary["tally"] = tally(summary)
     summary["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     write_atomic(args.out / "gate-must-show.json", summary)
@@ -380,7 +386,7 @@ def main() -> int:
         return 0
     print(f"gate must-show incomplete: {done} of {planned} gates ({summary.get('stopped', 'stopped')}); "
           f"run again with --resume")
-    return 3
+    return 1 if summary.get("stopped", "").startswith("a server") else 3
 
 
 def _span(xs: list) -> str:
