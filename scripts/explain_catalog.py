@@ -11,7 +11,7 @@ RULES (exception class, library, module path, keywords). Messages raised from C+
 CUDA OOM text, NCCL's own lines, safetensors' Rust errors) are not in Python source and are not
 mined: the hand-written recognisers cover those.
 
-    python3 scripts/explain_catalog.py [--vllm-venv .venvs/vllm-0.32.0] [--venv .venv] [--extra-site DIR] [--out FILE]
+    python3 scripts/explain_catalog.py [--vllm-venv .venvs/vllm-<harness/vllm_pins.txt's first>] [--venv .venv] [--extra-site DIR] [--out FILE]
 
 The checked-in file was built with --extra-site holding trl's wheel unpacked (pip download trl
 --no-deps; python3 -m zipfile -e trl-*.whl DIR): trl is not installed in the project's venvs.
@@ -292,7 +292,9 @@ def mine(library: str, site: Path) -> dict | None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", default=str(ROOT / ".venv"))
-    parser.add_argument("--vllm-venv", default=str(ROOT / ".venvs" / "vllm-0.32.0"))
+    pins = [w for line in (ROOT / "harness" / "vllm_pins.txt").read_text().splitlines() if not line.startswith("#")
+            for w in line.split()]
+    parser.add_argument("--vllm-venv", default=str(ROOT / ".venvs" / f"vllm-{pins[0]}"))
     parser.add_argument("--extra-site", action="append", default=[], metavar="DIR",
                         help="a directory holding a library not installed in the venvs (an unpacked wheel): mined "
                              "from there, and the catalog records it as such")

@@ -19,8 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+from harness.settings import DEFAULT_VLLM_VENV
+
 ROOT = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = ROOT / ".venvs" / "vllm-0.32.0" / "bin" / "python"
+VLLM_PYTHON = ROOT / DEFAULT_VLLM_VENV / "bin" / "python"
 
 # Lean nodes: one CPU, a fake GPU resource (what the fleet asks for; the probe still finds no
 # driver here), the smallest object store Ray accepts, no dashboard.

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from harness.settings import DEFAULT_VLLM_VENV
+
 ROOT = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = ROOT / ".venvs" / "vllm-0.32.0" / "bin" / "python"
+VLLM_PYTHON = ROOT / DEFAULT_VLLM_VENV / "bin" / "python"
 
 
 def _broken_vllm(tmp: Path) -> Path:
-    site = next((ROOT / ".venvs" / "vllm-0.32.0" / "lib").glob("python3*/site-packages"))
+    site = next((ROOT / DEFAULT_VLLM_VENV / "lib").glob("python3*/site-packages"))
     shadow = tmp / "site"
     (shadow / "vllm").mkdir(parents=True)
     for dist in site.glob("vllm*.dist-info"):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import settings
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,8 +28,9 @@ def script_root(tmp_path) -> Path:
     (root / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "test", root / "scripts" / "test")
     (root / "scripts" / "lib.sh").write_text(
-        'ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"\nensure_all_venvs() { :; }\n')
-    for venv in (".venv", ".venvs/vllm-0.32.0", ".venvs/vllm-0.31.0"):
+        'ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"\nensure_all_venvs() { :; }\n'
+        f'VLLM_VERSIONS="{settings.PINNED_VLLM} {settings.BASELINE_VLLM}"\n')
+    for venv in (".venv", str(settings.DEFAULT_VLLM_VENV), str(settings.DEFAULT_BASELINE_VLLM_VENV)):
         python = root / venv / "bin" / "python"
         python.parent.mkdir(parents=True)
         python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')

@@ -16,9 +16,10 @@ from harness.serving.client import Target, make_session
 from harness.serving.standin import run_standin
 from harness.serving.summary import format_results, summaries
 from harness.serving.workload import Workload
+from harness.settings import DEFAULT_VLLM_VENV
 
 ROOT = Path(__file__).resolve().parents[1]
-VLLM_SERVE = ROOT / ".venvs" / "vllm-0.32.0" / "lib" / "python3.11" / "site-packages" / "vllm" / "benchmarks" / "serve.py"
+VLLM_SERVE = ROOT / DEFAULT_VLLM_VENV / "lib" / "python3.11" / "site-packages" / "vllm" / "benchmarks" / "serve.py"
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess:

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from harness import settings
+
 ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "scripts" / "lib.sh"
 PYTHON = sys.executable  # the interpreter the fake venvs below "run on"
+VLLM_VENVS = (settings.DEFAULT_VLLM_VENV.name, settings.DEFAULT_BASELINE_VLLM_VENV.name)  # harness/vllm_pins.txt
 
 
 @pytest.fixture
@@ -162,7 +165,7 @@ def setup_checkout(checkout):
     """A checkout with the scripts and the harness venv already built (fake: stamp + python link)."""
     shutil.copytree(ROOT / "scripts", checkout / "scripts", ignore=shutil.ignore_patterns("gpu", "*.py"))
     _stamp_everything(checkout)
-    for venv in ("vllm-0.32.0", "vllm-0.31.0", "llmcompressor", "scanners"):
+    for venv in (*VLLM_VENVS, "llmcompressor", "scanners"):
         shutil.rmtree(checkout / ".venvs" / venv)
     return checkout
 
@@ -175,9 +178,9 @@ def _setup(root: Path, *args: str) -> subprocess.CompletedProcess:
 def test_setup_serving_builds_the_cpu_vllm_venvs_only(setup_checkout):
     assert _setup(setup_checkout, "--dry-run").stdout == "set-up: up to date\n"
     assert _setup(setup_checkout, "--serving", "--dry-run").stdout == \
-        "set-up: would build .venvs/vllm-0.32.0 .venvs/vllm-0.31.0\n"
+        f"set-up: would build .venvs/{VLLM_VENVS[0]} .venvs/{VLLM_VENVS[1]}\n"
     out = _setup(setup_checkout, "--all", "--dry-run").stdout
-    assert out.startswith("set-up: would build .venvs/vllm-0.32.0 .venvs/vllm-0.31.0 .venvs/llmcompressor "
+    assert out.startswith(f"set-up: would build .venvs/{VLLM_VENVS[0]} .venvs/{VLLM_VENVS[1]} .venvs/llmcompressor "
                           ".venvs/scanners fleet extra")
 
 
@@ -197,8 +200,6 @@ def test_vllm_hint_points_at_the_setup_that_builds_it():
 
 
 def test_lib_sh_and_settings_read_the_one_vllm_pin(tmp_path):
-    from harness import settings
-
     def versions(env):
         out = subprocess.run(["bash", "-c", f'source {LIB}; echo "$VLLM_VERSIONS"'], capture_output=True, text=True,
                              timeout=30, env=env)
