@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.memory.replay.replay_limits import MAX_TRACES, ReplayPoint, largest_fitting
+from harness.memory.replay.limit_bracket import MAX_TRACES, ReplayPoint, largest_fitting
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -201,13 +201,13 @@ def test_a_model_the_tracer_cannot_step_keeps_the_reserve_rule_with_the_reason()
 
 
 def test_a_length_made_from_three_traced_lengths_is_the_traced_one(tiny_config):
-    """plan --train traces three lengths and makes the others (replay_limits.synthesized_trace):
+    """plan --train traces three lengths and makes the others (trace_synthesis.synthesized_trace):
     every allocation of a fourth length, byte for byte; a window between the lengths, or traces of
     another batch, make nothing."""
     pytest.importorskip("bitsandbytes")
     pytest.importorskip("peft")
     from harness.memory.fit.estimate import Query
-    from harness.memory.replay.replay_limits import synthesized_trace
+    from harness.memory.replay.trace_synthesis import synthesized_trace
     from harness.memory.replay.step_trace import trace_training_step
 
     recipe = Query("nf4-dq", "train", lora_r=8, lora_targets=("q_proj", "v_proj"))

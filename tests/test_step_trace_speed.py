@@ -65,7 +65,7 @@ def test_a_length_rounded_trace_makes_no_other_length():
     would make 100 wrong (1600 bytes where it allocates 2048); the trace says so and nothing is made.
     Grouped-query heads take the math path: no rounding, the length is made."""
     body = """
-from harness.memory.replay.replay_limits import synthesized_trace
+from harness.memory.replay.trace_synthesis import synthesized_trace
 from harness.memory.replay.step_trace import StepTrace
 traced = {n: trace(n) for n in (96, 128, 160, 100)}
 anchors = [(n, traced[n]) for n in (96, 128, 160)]

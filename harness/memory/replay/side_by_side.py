@@ -1,0 +1,98 @@
+"""Calls run side by side in forked copies of this process (plan --train's first traced lengths).
+
+A traced step is seconds of pure Python on one core; the libraries it needs (torch, transformers,
+peft: seconds more) are already imported when plan knows which lengths to trace. A fork starts
+from that state at once, so on a box with cores to spare the first lengths are traced together,
+each in its own copy, and their results come back pickled through a pipe. Linux only (fork after
+torch's import is what torch's own DataLoader workers do); elsewhere, or on one core, nothing runs
+side by side and the caller traces one length after another as before.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def can_fork() -> bool:
+    return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+class ForkedError(Exception):
+    """What a call raised in its forked copy, when that exception could not be sent back as it was."""
+
+
+def _child(call: Callable[[], Any], write_fd: int) -> None:
+    """In the forked copy: run the call, send ("ok", result) or ("error", exception), never return."""
+    code = 0
+    try:
+        try:
+            message = ("ok", call())
+        except BaseException as exc:  # noqa: BLE001 - whatever it raised goes back to the parent
+            message, code = ("error", exc), 1
+        try:
+            blob = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception: said in words
+            blob = pickle.dumps(("error", ForkedError(f"{type(exc).__name__}: {exc}")))
+            code = 1
+        with os.fdopen(write_fd, "wb") as fh:
+            fh.write(blob)
+    finally:
+        os._exit(code)  # no atexit handlers, no flushing of the parent's buffers
+
+
+def side_by_side(here: Callable[[], Any], elsewhere: list[Callable[[], Any]]) -> tuple[Any, list[Any]]:
+    """(here(), [each of elsewhere's results]): here runs in this process while each call of
+    elsewhere runs in a forked copy of it. A call that raised gives its exception in its place in
+    the list (ForkedError where it could not be pickled); what here() raises is raised, the copies
+    killed first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children: list[tuple[int, int]] = []  # (pid, read fd)
+    try:
+        for call in elsewhere:
+            read_fd, write_fd = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(read_fd)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)  # ^C ends the copies with the parent
+                _child(call, write_fd)
+            os.close(write_fd)
+            children.append((pid, read_fd))
+        result = here()
+        results = []
+        while children:
+            pid, read_fd = children[0]
+            with os.fdopen(read_fd, "rb") as fh:
+                blob = fh.read()
+            os.waitpid(pid, 0)
+            children.pop(0)
+            try:
+                status, value = pickle.loads(blob)
+            except Exception as exc:  # noqa: BLE001 - a copy that died before it wrote (killed, out of memory)
+                status, value = "error", ForkedError(f"the forked process sent nothing readable: {exc}")
+            results.append(value)
+        return result, results
+    finally:
+        for pid, read_fd in children:  # only after an exception here: the rest are not wanted
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+            try:
+                os.close(read_fd)
+            except OSError:
+                pass
