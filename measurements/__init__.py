@@ -132,7 +132,7 @@ def summarise(name: str) -> dict:
 
 def _summarise_matrix(name: str) -> dict:
     """A packed VRAM matrix run (rows-<arch>.json files): files, rows per mode, architectures, environment."""
-    from harness.memory.measured.matrix import load_matrix
+    from harness.memory.measured.matrix_readback import load_matrix
 
     files = sorted(p for p in unpacked(name).rglob("*") if p.is_file())
     rows, env = load_matrix(matrix_rows(name))

@@ -56,7 +56,7 @@ def table(header: list[str], rows: list[list]) -> str:
 @functools.cache
 def _matrix(which: str):
     import measurements
-    from harness.memory.measured.matrix import evaluate, load_matrix
+    from harness.memory.measured.matrix_readback import evaluate, load_matrix
 
     rows, env = load_matrix(measurements.matrix_rows(f"vram/{which}"))
     return evaluate(rows, env)

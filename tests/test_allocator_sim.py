@@ -9,15 +9,8 @@ import time
 
 import pytest
 
-from harness.memory.replay.allocator_sim import (
-    CachingAllocator,
-    Replay,
-    allocation_size,
-    live_bytes_peak,
-    replay,
-    round_size,
-    smallest_cap,
-)
+from harness.memory.replay.allocator_sim import CachingAllocator, allocation_size, round_size
+from harness.memory.replay.allocator_replay import Replay, live_bytes_peak, replay, smallest_cap
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -40,8 +40,8 @@ def test_eager_prefill_costs_what_the_meta_device_trace_says():
     import torch
 
     from harness.memory.replay import step_trace as S
-    from harness.memory.replay.allocator_sim import live_bytes_peak
-    from harness.memory.fit.shape import load_config
+    from harness.memory.replay.allocator_replay import live_bytes_peak
+    from harness.memory.fit.config_file import load_config
 
     shape = model_shape("gemma-2-2b")
     assert shape.traits.attention == "eager"

@@ -12,7 +12,8 @@ import pytest
 from harness.memory.family import families as F
 from harness.memory.family import registry
 from harness.memory.fit.estimate import Query, estimate
-from harness.memory.fit.shape import load_config, model_shape, shape_from_config, shape_from_meta
+from harness.memory.fit.shape import model_shape, shape_from_config, shape_from_meta
+from harness.memory.fit.config_file import load_config
 
 NEW = ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b")
 
@@ -186,7 +187,7 @@ def _this_year_errors() -> dict[tuple[str, str], list[float]]:
 
     import measurements
     from harness.memory.measured.families_truth import load_rows
-    from harness.memory.measured.matrix import row_query
+    from harness.memory.measured.matrix_readback import row_query
     from harness.memory.measured.train_matrix import TrainCase
 
     runs = [measurements.unpacked(e["name"]) for e in measurements.entries("families-run")]

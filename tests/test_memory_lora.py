@@ -194,7 +194,7 @@ def test_attention_only_recipe_out_of_sample(fit_calibration, run1_rows, gc):
     """The tutorials' recipe (LoRA on q/k/v/o only) held out of the fit as well: fitted on the
     all-linear rows alone, the estimator predicts every attention-only row of run 1 (all
     architectures) within the issue's goal. Without checkpointing this needs the exact LoRA-input
-    term (estimate.saved_activations): all-linear inputs are a fixed mix of hidden and
+    term (train_transient.saved_activations): all-linear inputs are a fixed mix of hidden and
     intermediate widths, so a fitted coefficient cannot tell them apart (it was 10.9% off)."""
     calibration = dict(CALIBRATION)
     calibration.update(fit_calibration.fit([r for r in _fit_rows(run1_rows) if r["targets"] != "attn"]))

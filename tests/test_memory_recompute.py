@@ -116,9 +116,10 @@ def test_the_recomputed_layer_peaks_where_the_code_does(monkeypatch, inter, batc
 def test_a_large_rank_peaks_at_the_end_of_the_backward_beside_every_other_layers_gradients(monkeypatch):
     """All-linear r64 on a narrow model: each layer's LoRA gradients outweigh its checkpointed input,
     so the backward peaks in the first layer's recompute, with the other layers' gradients made and
-    their checkpoints freed (estimate.late_backward_bytes), not in the last layer's."""
+    their checkpoints freed (train_transient.late_backward_bytes), not in the last layer's."""
     from harness.memory.fit.calibration import CALIBRATION
-    from harness.memory.fit.estimate import late_backward_bytes, train_parts
+    from harness.memory.fit.estimate import train_parts
+    from harness.memory.fit.train_transient import late_backward_bytes
 
     cfg = dict(CFG, num_hidden_layers=6, intermediate_size=512)
     batch, seq, r = 1, 16, 64

@@ -13,9 +13,9 @@ import measurements
 import pytest
 
 from harness.errors import UnsupportedError
-from harness.memory.replay.allocator_sim import events_from_history, replay, smallest_cap
+from harness.memory.replay.allocator_replay import events_from_history, replay, smallest_cap
 from harness.memory.fit.estimate import Query
-from harness.memory.fit.shape import load_config
+from harness.memory.fit.config_file import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ VERDICTS = [(14, PHI, False), (14, GEMMA, False), (15, MISTRAL_OOM, False), (15,
 
 @pytest.mark.parametrize("run,name,fitted", VERDICTS, ids=[f"{r}-{n[:3]}" for r, n, _ in VERDICTS])
 def test_each_history_replayed_at_the_cap_fits_as_the_capped_run_did(run, name, fitted):
-    from harness.memory.replay.step_trace import fits_under
+    from harness.memory.replay.step_verdict import fits_under
 
     assert fits_under(events_from_history(history(run, name)), CAP, 0.0) is fitted
 
@@ -100,7 +100,7 @@ def test_fitting_is_not_monotone_in_the_cap_so_the_verdict_replays_at_it():
     """phi-4-mini attention r4 384 x 1 fitted under the cap, capped or not (the seventeenth run); a
     bisection over the cap would have called it a refusal needing 5% more. The capped history fits
     under its own cap only with its segment releases replayed as empty_cache."""
-    from harness.memory.replay.step_trace import fits_under
+    from harness.memory.replay.step_verdict import fits_under
 
     name = "004-snapshot-train-phi-4-mini-attn-fused-r4-b1-s384-adamw_8bit-uncapped"
     events = events_from_history(history(17, name))
@@ -115,7 +115,7 @@ def test_fitting_is_not_monotone_in_the_cap_so_the_verdict_replays_at_it():
 def test_sdpa_takes_the_kernel_cuda_would():
     import torch
 
-    from harness.memory.replay.step_trace import sdpa_backend
+    from harness.memory.replay.cuda_kernels import sdpa_backend
 
     q32 = torch.empty(1, 24, 320, 128, device="meta")
     kv8, kv24 = torch.empty(1, 8, 320, 128, device="meta"), torch.empty(1, 24, 320, 128, device="meta")
@@ -127,7 +127,7 @@ def test_sdpa_takes_the_kernel_cuda_would():
 TRACE_GC0 = """
 import json, sys
 from harness.memory.fit.estimate import Query
-from harness.memory.fit.shape import load_config
+from harness.memory.fit.config_file import load_config
 from harness.memory.replay.step_trace import trace_training_step
 q = Query("nf4-dq", "train", seq_len=320, batch=1, lora_r=4, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
           grad_checkpointing=False, optimizer="adamw_8bit")
@@ -158,10 +158,11 @@ def test_a_step_without_checkpointing_is_traced_to_the_byte_of_its_peak(tmp_path
 
 TRACE_PHI = """
 import json, sys
-from harness.memory.replay.allocator_sim import smallest_cap
+from harness.memory.replay.allocator_replay import smallest_cap
 from harness.memory.fit.estimate import Query
-from harness.memory.fit.shape import load_config
-from harness.memory.replay.step_trace import replay_verdict, trace_training_step
+from harness.memory.fit.config_file import load_config
+from harness.memory.replay.step_trace import trace_training_step
+from harness.memory.replay.step_verdict import replay_verdict
 q = Query("nf4-dq", "train", seq_len=128, batch=1, lora_r=32, lora_targets=("all-linear",),
           grad_checkpointing=True, optimizer="adamw_torch")
 trace = trace_training_step(load_config("phi-4-mini")[0], q)

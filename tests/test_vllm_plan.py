@@ -14,6 +14,8 @@ import pytest
 from harness.errors import UsageError
 from harness.memory.vllm import vllm_logcheck as L
 from harness.memory.vllm import vllm_plan as V
+from harness.memory.vllm.vllm_engine import resolve_engine_settings
+from harness.memory.vllm.vllm_query import VllmQuery
 from harness.memory.vllm.vllm_model import model_facts
 from harness.memory.vllm import vllm_servers as S
 from harness.memory.fit.gpus import GPUS, GiB, gpu_by_name, resolve_gpu
@@ -79,7 +81,7 @@ def test_weights_match_model_loading_took(checks):
         if record.get("weights_from_log"):
             continue
         facts = L._facts(record["model"]["config"], DATA)
-        settings = V.resolve_engine_settings(facts, L.query_for(record))
+        settings = resolve_engine_settings(facts, L.query_for(record))
         predicted = V.weights_bytes(facts, settings) / GiB
         assert abs(predicted - record["logged"]["weights_gib"]) / record["logged"]["weights_gib"] < 0.03, record["id"]
 
@@ -116,22 +118,22 @@ def test_logged_token_count_follows_each_versions_formula():
 
 def test_defaults_per_version_card_and_entrypoint():
     facts = L._facts("qwen2.5-0.5b", DATA)
-    base = V.VllmQuery(gpu=resolve_gpu("a100-80gb"), gpu_memory_utilization=0.9, max_model_len=4096)
-    v0 = V.resolve_engine_settings(facts, replace(base, vllm_version="0.7.3"))
+    base = VllmQuery(gpu=resolve_gpu("a100-80gb"), gpu_memory_utilization=0.9, max_model_len=4096)
+    v0 = resolve_engine_settings(facts, replace(base, vllm_version="0.7.3"))
     assert (v0.engine, v0.max_num_batched_tokens, v0.max_num_seqs) == ("v0", 4096, 256)
-    long_v0 = V.resolve_engine_settings(facts, replace(base, vllm_version="0.6.3", max_model_len=65536))
+    long_v0 = resolve_engine_settings(facts, replace(base, vllm_version="0.6.3", max_model_len=65536))
     assert long_v0.chunked_prefill and long_v0.max_num_batched_tokens == 512
-    assert V.resolve_engine_settings(facts, replace(base, vllm_version="0.6.6", max_model_len=65536)).max_num_batched_tokens == 2048
-    a100 = V.resolve_engine_settings(facts, replace(base, vllm_version="0.10"))
+    assert resolve_engine_settings(facts, replace(base, vllm_version="0.6.6", max_model_len=65536)).max_num_batched_tokens == 2048
+    a100 = resolve_engine_settings(facts, replace(base, vllm_version="0.10"))
     assert (a100.engine, a100.max_num_batched_tokens, a100.max_num_seqs) == ("v1", 2048, 256)
-    h100 = V.resolve_engine_settings(facts, replace(base, gpu=resolve_gpu("h100"), vllm_version="0.10"))
+    h100 = resolve_engine_settings(facts, replace(base, gpu=resolve_gpu("h100"), vllm_version="0.10"))
     assert (h100.max_num_batched_tokens, h100.max_num_seqs) == (8192, 1024)
-    offline = V.resolve_engine_settings(facts, replace(base, vllm_version="0.10", entrypoint="llm"))
+    offline = resolve_engine_settings(facts, replace(base, vllm_version="0.10", entrypoint="llm"))
     assert offline.max_num_batched_tokens == 8192
-    t4 = V.resolve_engine_settings(facts, replace(base, gpu=resolve_gpu("t4"), vllm_version="0.9"))
+    t4 = resolve_engine_settings(facts, replace(base, gpu=resolve_gpu("t4"), vllm_version="0.9"))
     assert t4.engine == "v0", "V1 refused compute capability < 8.0 until V0 was removed"
-    assert V.resolve_engine_settings(facts, replace(base, gpu=resolve_gpu("t4"), vllm_version="0.11")).engine == "v1"
-    assert [V.resolve_engine_settings(facts, replace(base, vllm_version=v)).regime for v in ("0.6.3", "0.6.4", "0.6.6", "0.8.5", "0.9.2", "0.27")] == \
+    assert resolve_engine_settings(facts, replace(base, gpu=resolve_gpu("t4"), vllm_version="0.11")).engine == "v1"
+    assert [resolve_engine_settings(facts, replace(base, vllm_version=v)).regime for v in ("0.6.3", "0.6.4", "0.6.6", "0.8.5", "0.9.2", "0.27")] == \
         ["free-delta", "absolute", "profiled", "absolute", "profiled", "consumed"]
 
 
@@ -150,7 +152,7 @@ def test_refusal_names_the_largest_length_and_the_smallest_utilization_that_star
 
 def test_v1_refuses_a_utilization_above_the_free_share():
     facts = L._facts("configs/qwen2.5-1.5b-instruct-awq.json", DATA)
-    q = V.VllmQuery(gpu=resolve_gpu("rtx-3060-6gb"), gpu_memory_utilization=0.92, max_model_len=2048,
+    q = VllmQuery(gpu=resolve_gpu("rtx-3060-6gb"), gpu_memory_utilization=0.92, max_model_len=2048,
                     other_process_bytes=int(0.3 * GiB))
     result = V.plan(facts, q)
     assert not result.starts and result.reason.startswith("free memory at start")
@@ -162,7 +164,7 @@ def test_v1_refuses_a_utilization_above_the_free_share():
 
 def test_fp8_kv_cache_doubles_the_tokens_and_fp8_weights_need_sm80():
     facts = L._facts("qwen2.5-1.5b", DATA)
-    q = V.VllmQuery(gpu=resolve_gpu("l4"), gpu_memory_utilization=0.9, max_model_len=4096)
+    q = VllmQuery(gpu=resolve_gpu("l4"), gpu_memory_utilization=0.9, max_model_len=4096)
     auto, fp8 = V.plan(facts, q), V.plan(facts, replace(q, kv_cache_dtype="fp8"))
     assert fp8.num_blocks in (2 * auto.num_blocks, 2 * auto.num_blocks + 1)
     t4 = V.plan(facts, replace(q, gpu=resolve_gpu("t4"), quantization="fp8"))
@@ -171,7 +173,7 @@ def test_fp8_kv_cache_doubles_the_tokens_and_fp8_weights_need_sm80():
 
 def test_lora_slots_count_in_v1_weights_not_in_v0_0_7():
     facts = L._facts("llama-3.2-1b", DATA)
-    q = V.VllmQuery(gpu=resolve_gpu("a10"), gpu_memory_utilization=0.9, max_model_len=4096)
+    q = VllmQuery(gpu=resolve_gpu("a10"), gpu_memory_utilization=0.9, max_model_len=4096)
     plain, lora = V.plan(facts, q), V.plan(facts, replace(q, enable_lora=True, max_lora_rank=64, max_loras=4))
     assert lora.weights_bytes - plain.weights_bytes == lora.settings["lora_slot_bytes"] > 100 * 1024**2
     v0 = V.plan(facts, replace(q, vllm_version="0.7.3", enable_lora=True, max_lora_rank=64, max_loras=4))
@@ -283,7 +285,7 @@ def test_v0_without_a_version_is_planned_as_the_last_v0_release():
 
 def test_a_max_model_len_past_the_models_own_limit_does_not_start():
     facts = model_facts("tinyllama-1.1b")  # max_position_embeddings 2048, no RoPE scaling
-    base = V.VllmQuery(gpu=GPUS["h100"], gpu_memory_utilization=0.9, max_model_len=2048)
+    base = VllmQuery(gpu=GPUS["h100"], gpu_memory_utilization=0.9, max_model_len=2048)
     assert V.plan(facts, base).starts
     past = V.plan(facts, replace(base, max_model_len=2049))
     assert not past.starts and "past the model's own limit (2048" in past.reason
@@ -311,7 +313,7 @@ def test_a_version_newer_than_the_rules_is_refused_in_one_line():
     assert r.returncode == 2, r
     assert r.stderr.strip().count("\n") == 0 and "unknown version" in r.stderr and "Traceback" not in r.stderr
     facts = model_facts("qwen2.5-1.5b")
-    known = V.plan(facts, V.VllmQuery(gpu=GPUS["t4"], gpu_memory_utilization=0.9, max_model_len=2048,
+    known = V.plan(facts, VllmQuery(gpu=GPUS["t4"], gpu_memory_utilization=0.9, max_model_len=2048,
                                       vllm_version="0.26.0"))
     assert known.starts
 
@@ -348,6 +350,6 @@ def test_the_load_slack_is_counted_only_where_vllm_loads_that_way():
     """qwen2.5-1.5b in bf16: 0.11 GiB above the tensors in 0.26 (what the H200 logged); 0.25, whose
     source was not read for it, keeps the parameters alone."""
     facts = model_facts("qwen2.5-1.5b")
-    q = V.VllmQuery(gpu=GPUS["t4"], gpu_memory_utilization=0.9, max_model_len=2048, vllm_version="0.26.0")
+    q = VllmQuery(gpu=GPUS["t4"], gpu_memory_utilization=0.9, max_model_len=2048, vllm_version="0.26.0")
     slack = V.plan(facts, q).weights_bytes - V.plan(facts, replace(q, vllm_version="0.25.1")).weights_bytes
     assert 0.10 * GiB < slack < 0.12 * GiB

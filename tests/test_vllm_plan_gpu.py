@@ -133,7 +133,8 @@ def test_gate_counts_are_the_pairs_verdicts():
 def test_the_model_runner_is_the_one_vllm_picks(version, arch, config_extra, v2):
     """vLLM's VllmConfig.use_v2_model_runner per release (read from each release's config/vllm.py)."""
     from harness.memory.vllm.vllm_model import model_facts
-    from harness.memory.vllm.vllm_plan import parse_version, uses_v2_runner
+    from harness.memory.vllm.vllm_engine import uses_v2_runner
+    from harness.memory.vllm.vllm_query import parse_version
 
     config = {**STARTUPS[0]["model_config"], "architectures": [arch], **config_extra}
     assert uses_v2_runner(model_facts(config), parse_version(version)) is v2

@@ -20,7 +20,8 @@ from harness.atomic import write_json  # noqa: E402
 from harness.commands.plan_vllm_cards import AT_TOKENS as AT, card_cell  # noqa: E402
 from harness.errors import UsageError  # noqa: E402
 from harness.memory.fit.gpus import resolve_gpu  # noqa: E402
-from harness.memory.vllm.vllm_plan import VllmQuery, plan  # noqa: E402
+from harness.memory.vllm.vllm_plan import plan  # noqa: E402
+from harness.memory.vllm.vllm_query import VllmQuery  # noqa: E402
 from harness.memory.vllm.vllm_model import model_facts  # noqa: E402
 
 MODELS = ["gemma-3-1b", "gemma-3-4b", "gemma-4-e2b", "gemma-4-e4b", "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b",

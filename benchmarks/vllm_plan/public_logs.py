@@ -16,7 +16,8 @@ sys.path.insert(0, str(ROOT))
 from harness.atomic import write_json  # noqa: E402
 from harness.memory.vllm import vllm_logcheck as L  # noqa: E402
 from harness.memory.fit.gpus import GiB, resolve_gpu  # noqa: E402
-from harness.memory.vllm.vllm_plan import VllmQuery, plan  # noqa: E402
+from harness.memory.vllm.vllm_plan import plan  # noqa: E402
+from harness.memory.vllm.vllm_query import VllmQuery  # noqa: E402
 from harness.memory.vllm.vllm_model import model_facts  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "vllm_logs"

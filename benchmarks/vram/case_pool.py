@@ -27,7 +27,8 @@ def replayed_limit_of(r: dict, axis: str):
     from harness.memory.fit.estimate import Query
     from harness.memory.family.families import at_transformers
     from harness.memory.replay.replay_limits import StepReplayer, limit_search
-    from harness.memory.fit.shape import load_config, model_shape
+    from harness.memory.fit.shape import model_shape
+    from harness.memory.fit.config_file import load_config
     from harness.memory.measured.train_matrix import FAMILY_TARGET_SETS
 
     config = load_config(r["arch"])[0]

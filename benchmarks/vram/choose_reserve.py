@@ -30,7 +30,7 @@ import measurements  # noqa: E402
 from harness.memory.fit import estimate as E  # noqa: E402
 from harness.memory.measured import families_truth as T  # noqa: E402
 from harness.memory.family.families import at_transformers  # noqa: E402
-from harness.memory.measured.matrix import row_query  # noqa: E402
+from harness.memory.measured.matrix_readback import row_query  # noqa: E402
 from harness.memory.fit.shape import model_shape  # noqa: E402
 from harness.memory.measured.train_matrix import load_truth, runs_expandable  # noqa: E402
 

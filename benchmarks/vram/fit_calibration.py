@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.memory.fit import estimate as E  # noqa: E402
 from harness.memory.fit.calibration import CALIBRATION, calibration_key, features_for, linear_sum  # noqa: E402
 from harness.memory.fit.shape import model_shape  # noqa: E402
-from harness.memory.measured.matrix import load_matrix, measured_bytes, row_query  # noqa: E402
+from harness.memory.measured.matrix_readback import load_matrix, measured_bytes, row_query  # noqa: E402
 
 FEATURES = {  # physically meaningful terms only: fewer features generalise to unseen shapes
     "weights": ["tied_emb_src", "largest_linear_src"],
@@ -38,7 +38,7 @@ FEATURES = {  # physically meaningful terms only: fewer features generalise to u
     # LoRA inputs of that layer's wrapped modules); gradients of the adapter build up in backward
     "train/gc": ["const", "L_tok_h", "tok_h", "tok_i", "tok_qkv", "tok_lora_in", "tok_v", "scores", "grads"],
     # without it every layer's activations stay until backward reaches them (the wrapped modules'
-    # LoRA inputs are exact: estimate.saved_activations)
+    # LoRA inputs are exact: train_transient.saved_activations)
     "train/nogc": ["const", "L_tok_h", "L_tok_i", "L_tok_qkv", "L_scores", "tok_v", "grads"],
 }
 
@@ -168,7 +168,7 @@ def worst(rows, calibration=None, n=15):
 
 
 def train_rows(paths):
-    from harness.memory.measured.matrix import load_matrix as load_train
+    from harness.memory.measured.matrix_readback import load_matrix as load_train
 
     rows, _ = load_train(paths)
     return [r for r in rows if r.get("role") == "matrix" and measured(r) is not None]

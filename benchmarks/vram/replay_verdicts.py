@@ -33,7 +33,8 @@ def _replay(args: tuple) -> dict:
     key, config, query, attention, line, fits, run = args
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    from harness.memory.replay.step_trace import fits_under, trace_training_step
+    from harness.memory.replay.step_trace import trace_training_step
+    from harness.memory.replay.step_verdict import fits_under
 
     t0 = time.perf_counter()
     try:
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
     from choose_reserve import boundary_cases
 
     from harness.memory.fit.estimate import Query
-    from harness.memory.fit.shape import load_config
+    from harness.memory.fit.config_file import load_config
     from harness.memory.measured.train_matrix import FAMILY_TARGET_SETS
 
     cases = [c for c in boundary_cases(run_dirs=tuple(args.run_dir)) if c.run.startswith(args.runs)][:args.limit]

@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.memory.fit import budget as B  # noqa: E402
 from harness.memory.fit.cache_layout import summary  # noqa: E402
 from harness.memory.fit.estimate import Query, estimate  # noqa: E402
-from harness.memory.fit.shape import load_config, model_shape  # noqa: E402
+from harness.memory.fit.shape import model_shape  # noqa: E402
+from harness.memory.fit.config_file import load_config  # noqa: E402
 
 CONFIGS = ("gemma-4-e2b", "gemma-4-e4b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b", "gpt-oss-20b", "lfm2-1.2b",
            "granite-4.0-h-tiny")

@@ -27,7 +27,7 @@ import measurements  # noqa: E402
 from harness.memory.fit.estimate import estimate  # noqa: E402
 from harness.memory.family.families import at_transformers, traits_from_config  # noqa: E402
 from harness.memory.measured.families_truth import load_rows  # noqa: E402
-from harness.memory.measured.matrix import measured_bytes, row_query  # noqa: E402
+from harness.memory.measured.matrix_readback import measured_bytes, row_query  # noqa: E402
 from harness.memory.fit.shape import model_shape  # noqa: E402
 
 

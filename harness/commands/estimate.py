@@ -165,11 +165,11 @@ def _replay(spec, shape, q, budget: int, context: int, replayers: dict | None = 
     from ..errors import UnsupportedError
     from ..memory.family.families import verification
     from ..memory.replay.replay_limits import StepReplayer
-    from ..memory.fit.shape import load_config
+    from ..memory.fit.config_file import load_config
 
     say = lambda msg: print(f"replay {q.precision} {msg}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        from ..memory.replay.step_trace import REPLAY_MARGIN
+        from ..memory.replay.step_verdict import REPLAY_MARGIN
 
         uncertainty = verification(shape.family, "train", shape.source, shape.traits)["uncertainty"]
         replayers = {} if replayers is None else replayers
@@ -195,7 +195,7 @@ def replay_line(replay: dict) -> str:
 def _limit_note(config, seqs: list[int], modes: list[str], new_tokens: int) -> str | None:
     """A --seq-len past the model's own context limit is estimated (arithmetic), but said."""
     from ..memory.fit.budget import context_limit
-    from ..memory.fit.shape import load_config
+    from ..memory.fit.config_file import load_config
 
     limit = context_limit(load_config(config)[0])
     longest = max(s + (new_tokens if m == "generate" else 0) for s in seqs for m in modes if m != "weights") \

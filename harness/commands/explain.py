@@ -27,7 +27,7 @@ def _validate(args) -> None:
 
         resolve_gpu(args.gpu_memory)
     if args.config:
-        from ..memory.fit.shape import load_config
+        from ..memory.fit.config_file import load_config
 
         load_config(args.config)
 

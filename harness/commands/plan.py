@@ -69,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return plan_vllm.run(args)
     plan_vllm.reject_vllm_options(args)
-    from ..errors import UsageError
     from ..memory.fit import budget as B
     from ..memory.fit.lora import check_lora_targets
-    from ..memory.fit.shape import load_config, model_shape
+    from ..memory.fit.shape import model_shape
+    from ..memory.fit.config_file import load_config
     from ..memory.fit.weights import FILE_PRECISIONS, PRECISIONS
     from ..units import format_size
 
@@ -91,9 +91,7 @@ def run(args: argparse.Namespace) -> int:
     own = FILE_PRECISIONS if shape.stored_weights is not None and not args.train else ()
     precisions = read_precisions(args.precision, own + PRECISIONS, PRECISIONS + own)
     config, _ = load_config(args.config)
-    note = None
-    if args.train:
-        note = check_lora_targets(shape, targets, "--lora-targets")
+    note = check_lora_targets(shape, targets, "--lora-targets") if args.train else None
     limit = B.context_limit(config)
     mode = "train" if args.train else "generate"
     headroom = B.default_headroom(mode) if args.headroom is None else args.headroom
@@ -183,11 +181,11 @@ def _replayed(plans, shape, spec, opts: SharedOptions, limit) -> list:
     from ..memory.fit import budget as B
     from ..memory.fit.estimate import Query
     from ..memory.replay.replay_limits import StepReplayer, replay_plan, replay_unavailable
-    from ..memory.fit.shape import load_config
+    from ..memory.fit.config_file import load_config
     from ..memory.replay.step_trace import TRACED_PRECISIONS
 
     from ..memory.family.families import verification
-    from ..memory.replay.step_trace import REPLAY_MARGIN
+    from ..memory.replay.step_verdict import REPLAY_MARGIN
 
     say = lambda msg: print(f"replay {msg}", file=sys.stderr, flush=True)  # noqa: E731
     checked = verification(shape.family, "train", shape.source, shape.traits)

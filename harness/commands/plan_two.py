@@ -34,7 +34,8 @@ def run(args: argparse.Namespace, configs: list[str]) -> int:
     from ..errors import UsageError
     from ..memory.fit import budget as B
     from ..memory.fit import cohabit as C
-    from ..memory.fit.shape import load_config, model_shape
+    from ..memory.fit.shape import model_shape
+    from ..memory.fit.config_file import load_config
 
     if args.budget is None:
         raise UsageError("--budget is required")

@@ -121,7 +121,7 @@ def card(spec: str):
 
 def version_for(args: argparse.Namespace) -> tuple[str, str | None]:
     """(version, note): V0 without a version is planned as the last release that had it."""
-    from ..memory.vllm.vllm_plan import DEFAULT_VERSION
+    from ..memory.vllm.vllm_query import DEFAULT_VERSION
 
     if args.vllm_version:
         for text in args.vllm_version.split(","):
@@ -143,7 +143,7 @@ def _lora_note(args: argparse.Namespace) -> str | None:
 
 
 def _queries(args: argparse.Namespace):
-    from ..memory.vllm.vllm_plan import VllmQuery
+    from ..memory.vllm.vllm_query import VllmQuery
     from ..units import parse_bytes
 
     missing = missing_options(args)

@@ -43,7 +43,8 @@ def transformers_plan(ctx: Context, gpu: Gpu | None, train: bool, seq_len: int |
     if not ctx.config or gpu is None:
         return None
     from ..memory.fit.budget import context_limit, plan
-    from ..memory.fit.shape import load_config, model_shape
+    from ..memory.fit.shape import model_shape
+    from ..memory.fit.config_file import load_config
 
     shape = model_shape(ctx.config)
     config, _ = load_config(ctx.config)
@@ -80,11 +81,12 @@ def vllm_plan(ctx: Context, gpu: Gpu | None, utilization: float, max_model_len: 
     if not ctx.config or gpu is None:
         return None
     from ..memory.vllm import vllm_plan as V
+    from ..memory.vllm.vllm_query import DEFAULT_VERSION, VllmQuery
     from ..memory.vllm.vllm_model import model_facts
 
     facts = model_facts(ctx.config)
-    query = V.VllmQuery(gpu=gpu, gpu_memory_utilization=min(max(utilization, 0.01), 1.0),
-                        max_model_len=max_model_len, vllm_version=version or V.DEFAULT_VERSION)
+    query = VllmQuery(gpu=gpu, gpu_memory_utilization=min(max(utilization, 0.01), 1.0),
+                        max_model_len=max_model_len, vllm_version=version or DEFAULT_VERSION)
     result = V.plan(facts, query)
     return {"source": VLLM_SOURCE, "model": str(ctx.config), "card": gpu.name, "starts": result.starts,
             "kv_cache_tokens": result.kv_cache_tokens, "largest_max_model_len": result.largest_max_model_len,

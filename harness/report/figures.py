@@ -43,7 +43,7 @@ def draw(figure: dict[str, Any]) -> str:
 
 
 def estimate_error_data(rows: list[dict], tolerance: float | None = None) -> dict[str, Any]:
-    """From harness.memory.measured.matrix.evaluate(...).rows."""
+    """From harness.memory.measured.matrix_readback.evaluate(...).rows."""
     points = [{"arch": r["arch"], "precision": r["precision"], "mode": r["mode"], "seq_len": r.get("seq_len"),
                "batch": r.get("batch"), "measured_bytes": int(r["measured"]), "predicted_bytes": int(r["predicted"]),
                "error": round(float(r["error"]), 6)} for r in rows]

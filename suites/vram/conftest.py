@@ -5,7 +5,7 @@ from __future__ import annotations
 import measurements
 import pytest
 
-from harness.memory.measured.matrix import evaluate, load_matrix
+from harness.memory.measured.matrix_readback import evaluate, load_matrix
 
 
 @pytest.fixture(scope="session")

@@ -193,7 +193,7 @@ def test_held_out_architectures_within_tolerance(record):
     """phi-3-mini-4k (a family never fitted: fused qkv and gate_up projections) and qwen2.5-3b,
     measured after the calibration was frozen: the estimator must hold there too."""
     import measurements
-    from harness.memory.measured.matrix import evaluate, load_matrix
+    from harness.memory.measured.matrix_readback import evaluate, load_matrix
 
     rows, env = load_matrix(measurements.matrix_rows("vram/holdout"))
     s = evaluate(rows, env)

@@ -81,7 +81,7 @@ def features(shape: ModelShape, precision: str, batch: int, seq: int, act_bytes:
     for key in ("tok_h", "tok_i", "tok_qkv", "tok_r", "tok_lora_in"):
         f["L_" + key] = f[key] * shape.layers
     # the layers SDPA gets an explicit window mask in run its memory-efficient kernel (K/V repeated
-    # to all heads first), which keeps no scores: those layers' saved bytes are estimate.saved_activations'
+    # to all heads first), which keeps no scores: those layers' saved bytes are train_transient.saved_activations'
     f["L_scores"] = f["scores"] * (shape.layers - sdpa_masked_layers(shape, seq))
     return f
 

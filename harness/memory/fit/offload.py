@@ -134,7 +134,7 @@ def meta_model(spec: str | Path | dict, precision: str = "bf16"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ...models import torch_dtype
-    from .shape import load_config
+    from .config_file import load_config
 
     config, _ = load_config(spec)
     data = dict(config)

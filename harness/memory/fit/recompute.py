@@ -42,7 +42,7 @@ COMPUTE_BYTES = 2  # bnb_4bit_compute_dtype bf16: the dequantized weight and the
 # their gradient, the scores' gradient) and the allocator-history snapshot of a 2560 x 1 step holds a
 # fourth, made in the backward beside them (docs/vram.md). The fit of the first families' rows had
 # 4.25: its quarter block was the step's fp32 logits, alive through the backward, which the estimate
-# now counts on their own (estimate.held_logits_bytes).
+# now counts on their own (train_transient.held_logits_bytes).
 SCORE_BLOCKS = 4
 ATTN_INPUT_KINDS = ("q_proj", "k_proj", "v_proj", "qkv_proj")
 MLP_INPUT_KINDS = ("gate_proj", "up_proj", "gate_up_proj")

@@ -7,18 +7,15 @@ vllm_plan, gguf, offload and both matrices.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ...errors import UsageError
-from ...models import CONFIG_DIR
 from .cache_layout import CacheLayer, layout_from_config, layout_from_meta
 from ..family.families import FamilyTraits, traits_from_config
 from ..family.registry import model_types
+from .config_file import load_config, naming_config
 
 KNOWN_FAMILIES = model_types(exact_layout=True)  # family/registry.py
 TIED_BY_DEFAULT = model_types(tied_by_default=True)
@@ -335,56 +332,10 @@ def build_on_meta(config: dict):
         raise UsageError(f"cannot build model_type {model_type!r} on the meta device: {first[:300]}") from None
 
 
-def load_config(spec: str | Path | dict) -> tuple[dict, Path | None]:
-    """(config dict, model directory or None) from a dict, a config.json, a directory or a
-    reference name (harness/configs/<name>.json)."""
-    if isinstance(spec, dict):
-        return dict(spec), None
-    if str(spec).lower().endswith(".gguf"):
-        from .gguf import read_gguf
-
-        return {k: v for k, v in read_gguf(spec).config.items() if v is not None}, None
-    path = Path(spec).expanduser()
-    directory = None
-    if path.is_dir():
-        directory = path
-        path = path / "config.json"
-        if not path.is_file():
-            raise UsageError(f"{directory} has no config.json")
-    elif not path.is_file():
-        ref = CONFIG_DIR / f"{spec}.json"
-        if not ref.is_file():
-            from ...models import unknown_reference_hint
-
-            raise UsageError(f"--config: {str(spec)!r} is neither a file, a model directory nor a "
-                             f"reference name{unknown_reference_hint(str(spec))}")
-        path = ref
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not a readable JSON config ({str(exc).splitlines()[0]})") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"{path}: a config.json must hold a JSON object")
-    if "text_config" in config and "hidden_size" not in config:  # multimodal wrappers
-        config = dict(config["text_config"], model_type=config["text_config"].get("model_type"))
-    return config, directory
-
-
 def _transformers_version() -> str:
     from importlib.metadata import version
 
     return version("transformers")
-
-
-@contextmanager
-def naming_config(spec: str | Path | dict):
-    """An error in what a config holds ("config has no hidden_size") names the --config it came from."""
-    try:
-        yield
-    except UsageError as exc:
-        if isinstance(spec, dict) or str(spec) in str(exc):
-            raise
-        raise UsageError(f"--config {spec}: {exc}") from None
 
 
 def model_shape(spec: str | Path | dict) -> ModelShape:

@@ -20,7 +20,7 @@ from .train_matrix import agreement, false_fits
 
 # never used to fit a coefficient (benchmarks/vram/families.py FIT_EXCLUDED); phi-4-mini's training
 # error without checkpointing led to one structural correction read from torch's SDPA code (the fused
-# qkv is not kept alive when K/V are repeated, estimate.saved_activations), so that figure is not blind
+# qkv is not kept alive when K/V are repeated, train_transient.saved_activations), so that figure is not blind
 HELD_OUT = ("qwen3-1.7b", "phi-4-mini", "mistral-7b-v0.3", "qwen3-30b-a3b")
 OFFLOAD_CPU_BYTES = 100 * 2**30  # the CPU max_memory harness.memory.measured.moe_case planned with
 # measured snapshot category -> the predicted picture parts it is compared with
@@ -135,7 +135,7 @@ class FamilySummary:
 
 
 def evaluate_families(directory: Path | Sequence[Path]) -> FamilySummary:
-    from .matrix import evaluate
+    from .matrix_readback import evaluate
     from .train_matrix import evaluate_training
 
     rows = load_rows(directory)
@@ -188,7 +188,7 @@ def picture_comparison(row: dict) -> dict[str, Any]:
     """One snapshot case: the predicted parts and the measured categories, grouped alike."""
     from ..fit.estimate import estimate
     from ..family.families import at_transformers
-    from .matrix import row_query
+    from .matrix_readback import row_query
     from ..fit.picture import parts
     from ..fit.shape import model_shape
 

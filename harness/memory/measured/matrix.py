@@ -16,39 +16,20 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ... import atomic
 from ...units import comma_list, parse_bytes
+from .matrix_train import TRAIN_PRECISIONS, run_train
 
 INFER_PRECISIONS = ("bf16", "nf4-dq", "nf4", "fp4", "int8", "fp32")
 PREFILL_LENS = (512, 2048, 8192)
 GENERATE = (512, 64)
 BATCHES = (1, 4)
-TRAIN_PRECISIONS = ("bf16", "nf4-dq")
-TRAIN_RANKS = (8, 64)
-TRAIN_LENS = (512, 2048)
-TRAIN_STEPS = 3
-
-
-def optimizer_steps(model, opt, ids, steps: int) -> list[float]:
-    """`steps` training steps on one batch (labels = input ids); the losses. Each step's outputs
-    are dropped before the next so its logits do not overlap the next forward."""
-    losses = []
-    for _ in range(steps):
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(out.loss.detach()))
-        del out
-    return losses
 
 
 def log(msg: str) -> None:
@@ -78,12 +59,6 @@ def inference_cases(arch: str, precision: str) -> list[dict]:
 def generate_settings() -> tuple[tuple[int, int], ...]:
     """GENERATE as (prompt, new tokens) pairs: one pair or a tuple of them."""
     return tuple(GENERATE) if isinstance(GENERATE[0], (tuple, list)) else (tuple(GENERATE),)
-
-
-def train_cases(arch: str, precision: str) -> list[dict]:
-    return [dict(arch=arch, precision=precision, mode="train", seq_len=seq, batch=1, lora_r=r,
-                 grad_checkpointing=gc_on)
-            for gc_on in (True, False) for r in TRAIN_RANKS for seq in TRAIN_LENS]
 
 
 def predict(row: dict) -> int | None:
@@ -144,7 +119,11 @@ class Worker:
 
     # -- running one thing under the cap, then uncapped if it OOMs --------------------------------
 
-    def _cap(self, capped: bool) -> None:
+    def todo(self, cases: list[dict]) -> list[dict]:
+        """The cases this worker's rows file does not hold yet."""
+        return [c for c in cases if case_id(c) not in self.done]
+
+    def cap(self, capped: bool) -> None:
         t = self.torch
         gc.collect()
         if not self.cuda:
@@ -160,7 +139,7 @@ class Worker:
     def measured(self, fn: Callable[[], Any], capped: bool) -> tuple[dict, Any]:
         from ..tracking.measure import MemoryTracker
 
-        self._cap(capped)
+        self.cap(capped)
         result, oom = None, False
         tracker = MemoryTracker(self.device)
         try:
@@ -196,7 +175,7 @@ class Worker:
             row.update(info)
         row.pop("oom", None)
         row["predicted_bytes"] = predict(row)
-        self._cap(False)
+        self.cap(False)
         self.rows.append(row)
         self.done.add(case_id(row))
         self.save()
@@ -294,36 +273,6 @@ class Worker:
             return n
         return fn
 
-    def train_step_fn(self, base, precision: str, r: int, seq: int, gc_on: bool):
-        t = self.torch
-        from peft import LoraConfig, get_peft_model
-
-        from ..fit.lora import DEFAULT_LORA_TARGETS
-
-        ids = self.ids(base, 1, seq)
-
-        def fn():
-            cfg = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.05, target_modules=list(DEFAULT_LORA_TARGETS),
-                             task_type="CAUSAL_LM")
-            if gc_on:
-                base.gradient_checkpointing_enable()
-                base.enable_input_require_grads()
-            else:
-                base.gradient_checkpointing_disable()
-            base.config.use_cache = False
-            model = get_peft_model(base, cfg)
-            opt = None
-            try:
-                model.train()
-                opt = t.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-                return optimizer_steps(model, opt, ids, TRAIN_STEPS)
-            finally:
-                del opt
-                model.unload()
-                if gc_on:
-                    base.gradient_checkpointing_disable()
-        return fn
-
     def run(self) -> None:
         # The precisions the training cases use first, then training, then the rest: a run cut
         # short by its deadline still has every kind of case for some architectures.
@@ -333,12 +282,12 @@ class Worker:
             self.run_inference(precision)
         if self.train:
             for precision in TRAIN_PRECISIONS:
-                self.run_train(precision)
+                run_train(self, precision)
         for precision in rest:
             self.run_inference(precision)
 
     def run_inference(self, precision: str) -> None:
-        cases = [c for c in inference_cases(self.arch, precision) if case_id(c) not in self.done]
+        cases = self.todo(inference_cases(self.arch, precision))
         if not cases or self.out_of_time():
             return
         model, loaded = self.load_case(precision)
@@ -353,40 +302,6 @@ class Worker:
                 fn = self.generate(model, case["batch"], case["seq_len"], case["new_tokens"])
             self.record(case, fn, fits_under_budget=None if loaded else False)
         self.unload(model)
-
-    def _load_for_training(self, precision: str):
-        from ...models import load_model
-
-        base = load_model(self.model_dir(), precision, self.device)
-        if precision != "bf16":
-            from peft import prepare_model_for_kbit_training
-
-            base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
-        return base
-
-    def run_train(self, precision: str) -> None:
-        cases = [c for c in train_cases(self.arch, precision) if case_id(c) not in self.done]
-        if not cases or self.out_of_time():
-            return
-        self._cap(True)
-        base, loaded = None, True
-        try:
-            base = self._load_for_training(precision)
-        except Exception as exc:
-            if not (isinstance(exc, self.torch.OutOfMemoryError) or "out of memory" in str(exc).lower()):
-                raise
-            base, loaded = None, False
-        if base is None:
-            self._cap(False)
-            base = self._load_for_training(precision)
-        self._cap(False)
-        for case in cases:
-            if self.out_of_time():
-                break
-            fn = self.train_step_fn(base, precision, case["lora_r"], case["seq_len"], case["grad_checkpointing"])
-            self.record(case, fn, fits_under_budget=None if loaded else False)
-        self.unload(base)
-
 
 def _worker_main(args) -> int:
     out = Path(args.out)
@@ -430,120 +345,6 @@ def main(argv: list[str] | None = None) -> int:
         log(f"worker {arch} exited {code}")
         rc = rc or code
     return rc
-
-
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading a measured matrix back: prediction errors, the accelerate anchor, planner agreement
-
-
-def load_matrix(paths) -> tuple[list[dict], dict]:
-    """Rows (and the environment of the first file) from rows files (the committed H200 matrix is
-    the repository's measurements/vram/matrix/, which its reader passes in)."""
-    rows: list[dict] = []
-    env: dict = {}
-    for p in paths:
-        data = json.loads(Path(p).read_text())
-        env = env or data.get("environment", {})
-        rows += data["rows"]
-    return rows, env
-
-
-def measured_bytes(row: dict) -> int | None:
-    """The figure the estimator predicts: the absolute allocator peak of the operation; for a
-    load, the bytes the load added (cuBLAS workspaces of earlier cases are not the model's)."""
-    if not row.get("peak_bytes") or row.get("error") or row.get("invalid"):
-        return None
-    if row["mode"] == "weights":
-        return row["peak_bytes"] - (row.get("start_bytes") or 0)
-    return row["peak_bytes"]
-
-
-def row_query(row: dict):
-    """The estimator's query for a row of this matrix or of the fresh-process training matrix
-    (which names its LoRA recipe, `targets`, and its optimizer)."""
-    from ..fit.estimate import Query
-    from ..fit.lora import DEFAULT_LORA_TARGETS
-
-    targets = DEFAULT_LORA_TARGETS
-    if row.get("lora_targets"):
-        targets = tuple(row["lora_targets"])
-    return Query(row["precision"], row["mode"], seq_len=max(1, row["seq_len"]), batch=row["batch"],
-                 new_tokens=row.get("new_tokens") or 0, lora_r=row.get("lora_r") or 16,
-                 lora_targets=targets, grad_checkpointing=bool(row.get("grad_checkpointing", True)),
-                 optimizer=row.get("optimizer") or "adamw_torch")
-
-
-def accelerate_anchor(shape, row: dict) -> int:
-    """accelerate estimate-memory on the same case: the model size at the dtype (all parameters,
-    fp32 size / 1, 2, 4, 8), times 4 for training with Adam (its 'Training using Adam' column)."""
-    from ..fit.weights import accelerate_style_bytes
-
-    size = accelerate_style_bytes(shape, row["precision"])
-    return 4 * size if row["mode"] == "train" else size
-
-
-@dataclass
-class MatrixSummary:
-    rows: list[dict]
-    n: int
-    median_abs_error: float
-    worst_abs_error: float
-    accelerate_median_abs_error: float
-    accelerate_worst_abs_error: float
-    budget_cases: int
-    budget_agreement: float
-    context_bytes: int
-    headroom: float
-
-    def by_group(self) -> dict[str, tuple[int, float, float]]:
-        groups: dict[str, list[float]] = {}
-        for r in self.rows:
-            groups.setdefault(f"{r['precision']}/{r['mode']}", []).append(abs(r["error"]))
-        return {k: (len(v), statistics.median(v), max(v)) for k, v in sorted(groups.items())}
-
-
-def evaluate(rows: list[dict], env: dict | None = None, calibration=None, headroom: float | None = None) -> MatrixSummary:
-    from ..fit.budget import DEFAULT_HEADROOM, fits
-    from ..fit.estimate import estimate
-    from ..family.families import at_transformers
-    from ..fit.shape import model_shape
-
-    env = env or {}
-    headroom = DEFAULT_HEADROOM if headroom is None else headroom
-    context = int(env.get("context_bytes") or 0)
-    budget = env.get("budget_bytes")
-    shapes: dict[str, Any] = {}
-    out = []
-    agree = total = 0
-    for row in rows:
-        m = measured_bytes(row)
-        if m is None:
-            continue
-        version = row.get("transformers") or env.get("transformers")  # the attention that version picked
-        shape = shapes.setdefault((row["arch"], version), at_transformers(model_shape(row["arch"]), version))
-        pred = estimate(shape, row_query(row), calibration=calibration).peak_bytes
-        acc = accelerate_anchor(shape, row)
-        r = dict(row, measured=m, predicted=pred, error=(pred - m) / m, accelerate=acc,
-                 accelerate_error=(acc - m) / m)
-        if budget and row.get("oom_under_budget") is not None:
-            r["planner_fits"] = fits(pred, budget, context, headroom)
-            r["actually_fits"] = not row["oom_under_budget"]
-            total += 1
-            agree += r["planner_fits"] == r["actually_fits"]
-        out.append(r)
-    errs = [abs(r["error"]) for r in out]
-    acc_errs = [abs(r["accelerate_error"]) for r in out]
-    return MatrixSummary(
-        rows=out, n=len(out),
-        median_abs_error=statistics.median(errs) if errs else float("nan"),
-        worst_abs_error=max(errs) if errs else float("nan"),
-        accelerate_median_abs_error=statistics.median(acc_errs) if acc_errs else float("nan"),
-        accelerate_worst_abs_error=max(acc_errs) if acc_errs else float("nan"),
-        budget_cases=total, budget_agreement=(agree / total) if total else float("nan"),
-        context_bytes=context, headroom=headroom,
-    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ... import atomic
-from .matrix import load_matrix, optimizer_steps
+from .matrix_readback import load_matrix
+from .matrix_train import optimizer_steps
 
 TARGET_SETS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "all": ("all-linear",)}
 # Sets only some families have, kept out of TARGET_SETS (the seeded case draws iterate it):
@@ -340,7 +341,7 @@ def evaluate_training(rows: list[dict], calibration: dict | None = None) -> Trai
     from ..fit.estimate import estimate
     from ..family.families import at_transformers
     from ..fit.shape import model_shape
-    from .matrix import row_query
+    from .matrix_readback import row_query
 
     shapes: dict[str, Any] = {}
     matrix, boundary, expandable = [], [], []

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
 from ...errors import UnsupportedError, one_line
-from .step_trace import REPLAY_MARGIN
+from .step_verdict import REPLAY_MARGIN
 
 # A search that has not closed in after this many traces answers the largest setting it saw fit
 # (about ten are needed from a bracket of thousands of tokens; the estimate usually starts within one).
@@ -91,7 +91,8 @@ class StepReplayer:
 
     def _trace(self, seq_len: int, batch: int) -> ReplayPoint:
         from . import trace_cache
-        from .step_trace import replay_verdict, trace_training_step
+        from .step_trace import trace_training_step
+        from .step_verdict import replay_verdict
 
         t0 = time.perf_counter()
         query = replace(self.recipe, seq_len=seq_len, batch=batch)

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 from ...errors import UnsupportedError
 from ..fit.lora import optimizer_name
+from .cuda_kernels import functional_as_cuda, sdpa_without_softcap
+from .cuda_temps import gemm_4bit_temps, quantize_events, safe_softmax_temps
 
 MiB = 1 << 20
 # cuBLAS's workspace on sm90, one per thread's handle, made after the output of that thread's first
@@ -188,7 +190,7 @@ def _dispatch_mode(rec: _Recorder):
             if func is torch.ops.aten._local_scalar_dense.default:
                 # data-dependent branches on meta take the common case: no packed sequences, step 1
                 return True if args[0].dtype == torch.bool else 1
-            temps = _gemm_4bit_temps(rec, *args, **kwargs) if gemm_4bit is not None and func is gemm_4bit.default else []
+            temps = gemm_4bit_temps(rec, *args, **kwargs) if gemm_4bit is not None and func is gemm_4bit.default else []
             out = memo.call(func, args, kwargs)
             made = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.device.type == "meta"]
             if func is torch.ops.aten.native_dropout.default:
@@ -198,7 +200,7 @@ def _dispatch_mode(rec: _Recorder):
             if func in matmuls:
                 rec.after_matmul(torch._C._current_autograd_node() is not None)
             if func is torch.ops.aten._safe_softmax.default:
-                temps = _safe_softmax_temps(rec, args[0], args[1])
+                temps = safe_softmax_temps(rec, args[0], args[1])
             if func is efficient:
                 rec.rounded = True
             for key in temps:
@@ -206,147 +208,6 @@ def _dispatch_mode(rec: _Recorder):
             return out
 
     return Mode()
-
-
-def _safe_softmax_temps(rec: _Recorder, x, dim: int) -> list[int]:
-    """aten._safe_softmax on CUDA after its output: which elements are -inf (bool), which rows are
-    all -inf (bool), the zero scalar (an H200 history's order); the keys in the order they go."""
-    rows = x.numel() // max(1, x.shape[dim])
-    made = [rec.synthetic(x.numel()), rec.synthetic(rows), rec.synthetic(4)]
-    return made[::-1]  # freed last first
-
-
-def _gemm_4bit_temps(rec: _Recorder, A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None,
-                     absmax_code=None, absmax_offset=None) -> list[int]:
-    """bitsandbytes' CUDA gemm_4bit past 4 tokens on sm90 (_dequant_linear_fallback): the nested
-    absmax dequantized and offset (fp32), the weight dequantized at the input's dtype."""
-    temps = []
-    if absmax_8bit is not None:
-        temps += [rec.synthetic(absmax_8bit.numel() * 4), rec.synthetic(absmax_8bit.numel() * 4)]
-    temps.append(rec.synthetic(shapeB[0] * shapeB[1] * A.element_size()))
-    return temps
-
-
-def _quantize_events(rec: _Recorder, numel: int, element_size: int) -> None:
-    """bitsandbytes' CUDA quantize_4bit with double quantization (blocksize 64, nested 256) of a
-    weight arriving at element_size bytes: the weight, fp32 absmax, packed weight, the code, the
-    offset, the centred absmax and its 8-bit quantization; the temporaries go (an H200 trace's order)."""
-    s = rec.synthetic
-    weight, absmax = s(numel * element_size), s(numel // 64 * 4)
-    s(numel // 2)  # packed
-    s(64)  # the 4-bit code
-    temps = [s(64), s(4)]
-    s(4)  # offset
-    temps += [s(192), s(4)]
-    centred = s(numel // 64 * 4)
-    s(1024)
-    s(max(1, numel // 64 // 256) * 4)
-    s(numel // 64)
-    s(1024)
-    for key in temps + [centred, absmax, weight]:
-        rec.free(key)
-
-
-def sdpa_backend(query, key, attn_mask=None, enable_gqa=False) -> str:
-    """The kernel CUDA's F.scaled_dot_product_attention picks on sm90 for a training step: flash for
-    fp16/bf16 without a mask (grouped-query heads native), else memory-efficient where the heads
-    match (it takes fp32 and a mask, not grouped-query heads), else the math path. peft's k-bit
-    preparation leaves the layer norms in fp32, so q/k/v arrive in fp32 and grouped-query families
-    take the math path, which keeps the fp32 score matrix (the H200 histories of
-    measurements/vram/families/run-16)."""
-    import torch
-
-    if query.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and query.shape[-1] <= 256:
-        return "flash"
-    if key.shape[-3] == query.shape[-3]:
-        return "efficient"
-    return "math"
-
-
-def _additive(bool_mask, query):
-    """A bool attention mask (True: attend) as the additive one SDPA's kernels apply."""
-    import torch
-
-    return torch.zeros(bool_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~bool_mask, float("-inf"))
-
-
-def _math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """torch's _scaled_dot_product_attention_math in the order the H200 histories show: fp16/bf16
-    upcast to fp32, q scaled, the causal mask made additive, grouped heads repeated, the mask added
-    in place, the safe softmax's bool temporaries (_safe_softmax_temps)."""
-    import math
-
-    import torch
-
-    dtype = query.dtype
-    if dtype in (torch.float16, torch.bfloat16):
-        query, key, value = query.float(), key.float(), value.float()
-    factor = math.sqrt(scale if scale is not None else 1 / math.sqrt(query.shape[-1]))
-    query = query * factor  # scaled first, as torch does (an H200 history's order)
-    if is_causal:
-        causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
-        attn_mask = torch.where(causal, torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device),
-                                torch.scalar_tensor(float("-inf"), dtype=query.dtype, device=query.device))
-        del causal
-    elif attn_mask is not None and attn_mask.dtype == torch.bool:
-        attn_mask = _additive(attn_mask, query)
-    if enable_gqa and key.shape[-3] != query.shape[-3]:
-        rep = query.shape[-3] // key.shape[-3]
-        key, value = key.repeat_interleave(rep, -3), value.repeat_interleave(rep, -3)
-    attn = torch.matmul(query, key.transpose(-2, -1) * factor)
-    if attn_mask is not None:
-        attn.add_(attn_mask)
-    attn = torch.ops.aten._safe_softmax(attn, -1)
-    if dropout_p > 0.0:
-        attn = torch.ops.aten.native_dropout(attn, dropout_p, True)[0]
-    return torch.matmul(attn, value).to(dtype)
-
-
-def sdpa_as_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """F.scaled_dot_product_attention through the kernel CUDA would pick (sdpa_backend): flash and
-    memory-efficient by their own ops (a bool mask made additive), the math path as torch runs it
-    on CUDA (_math_sdpa)."""
-    import torch
-
-    backend = sdpa_backend(query, key, attn_mask, enable_gqa)
-    if backend == "flash":
-        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
-                                                                   scale=scale)[0]
-    if backend == "math":
-        return _math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        attn_mask = _additive(attn_mask, query)
-    if attn_mask is not None and attn_mask.dim() == 4:
-        attn_mask = attn_mask.expand(query.shape[0], query.shape[1], -1, -1)
-    return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, True, dropout_p,
-                                                                   is_causal, scale=scale)[0]
-
-
-def dropout_as_cuda(input, p=0.5, training=True, inplace=False):
-    """F.dropout as CUDA's fused kernel runs it: the output and a bool mask."""
-    import torch
-
-    if not training or p == 0.0:
-        return input
-    return torch.ops.aten.native_dropout(input, p, True)[0]
-
-
-@contextmanager
-def _cuda_kernels():
-    import torch.nn.functional as F
-
-    saved = F.scaled_dot_product_attention, F.dropout
-    F.scaled_dot_product_attention, F.dropout = sdpa_as_cuda, dropout_as_cuda
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention, F.dropout = saved
-
-
-def _sdpa_without_softcap(module, *args, softcap=None, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward(module, *args, **kwargs)
 
 
 def _meta_model(config: dict, attention: str, dtype):
@@ -371,7 +232,7 @@ def _meta_model(config: dict, attention: str, dtype):
     # (5.17) ran it without the cap
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    ALL_ATTENTION_FUNCTIONS["sdpa_without_softcap"] = _sdpa_without_softcap
+    ALL_ATTENTION_FUNCTIONS["sdpa_without_softcap"] = sdpa_without_softcap
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation="eager")
     model.config._attn_implementation = "sdpa_without_softcap"
@@ -407,7 +268,7 @@ def _quantize(model, name: str, rec: _Recorder, quant_type: str) -> None:
     from torch.utils._python_dispatch import _disable_current_modes
 
     linear = model.get_submodule(name)
-    _quantize_events(rec, linear.weight.numel(), linear.weight.element_size())
+    quantize_events(rec, linear.weight.numel(), linear.weight.element_size())
     # bitsandbytes caches its 8-bit map on the device of the first tensor it quantizes
     # (functional.name2qmap): a map made here would be a meta tensor that every later real
     # quantization in this process then fails to copy ("Cannot copy out of meta tensor")
@@ -488,7 +349,7 @@ def _traced(config: dict, query, attention: str, steps: int, context_probe: bool
     model = _meta_model(config, attention, torch.bfloat16)
     rec = _Recorder()
     targets = tuple(query.lora_targets)
-    with _dispatch_mode(rec), _cuda_kernels():
+    with _dispatch_mode(rec), functional_as_cuda():
         say("loading on the meta device")
         _load(model, rec, quant_type, context_probe)
         gc.collect()
@@ -515,40 +376,3 @@ def _traced(config: dict, query, attention: str, steps: int, context_probe: bool
     return StepTrace(rec.events, train_at, rec.rounded)
 
 
-# The margin the replay keeps under the cap for what the trace does not see (the autograd engine's
-# in-place gradient accumulation, which the meta device under a dispatch mode does out of place;
-# the driver's address choices): the step must replay under cap / (1 + margin); the smallest on
-# benchmarks/vram/replay_verdicts.py's grid with no predicted fit that ran out over the 284 committed
-# families boundary cases (docs/vram.md, "The allocator replayed")
-REPLAY_MARGIN = 0.005
-
-
-@dataclass(frozen=True)
-class ReplayVerdict:
-    fits: bool
-    need_bytes: int  # a bisection's smallest cap (2 MiB steps): for reading; fits replays at the cap
-    cap_bytes: int  # what the allocator may hold: the budget less the CUDA context
-    margin: float
-    traced_peak_bytes: int
-
-    def as_dict(self) -> dict:
-        return {"fits": self.fits, "need_bytes": self.need_bytes, "cap_bytes": self.cap_bytes,
-                "margin": self.margin, "traced_peak_bytes": self.traced_peak_bytes}
-
-
-def fits_under(events, line_bytes: int, margin: float) -> bool:
-    """Do the events replay without OOM under line_bytes / (1 + margin)? Replayed at that cap, not
-    read off the smallest cap: whether a step fits is not monotone in the cap (a release before a
-    retry changes the later layout), and a bisection's need can call a fitting step a refusal."""
-    from .allocator_sim import replay
-
-    return not replay(events, int(line_bytes / (1 + margin))).oom
-
-
-def replay_verdict(trace: StepTrace, budget_bytes: int, context_bytes: int, margin: float = REPLAY_MARGIN) -> ReplayVerdict:
-    """Does the traced step run on a card of budget_bytes, torch's default allocator replayed?"""
-    from .allocator_sim import smallest_cap
-
-    cap = budget_bytes - context_bytes
-    need = smallest_cap(trace.events)
-    return ReplayVerdict(fits_under(trace.events, cap, margin), need, cap, margin, trace.train_peak_bytes)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..fit.gpus import GPUS, GiB, Gpu
-from .vllm_plan import VllmPlan, VllmQuery, plan
+from .vllm_plan import VllmPlan, plan
+from .vllm_query import VllmQuery
 from .vllm_model import model_facts
 
 _FACTS_CACHE: dict[str, object] = {}

@@ -78,7 +78,8 @@ def _config_quantization(config: dict) -> tuple[str, int, int]:
 
 def model_facts(spec: str | Path | dict) -> ModelFacts:
     """Read a config.json, a model directory or a reference name (harness/configs)."""
-    from ..fit.shape import load_config, model_shape, naming_config
+    from ..fit.shape import model_shape
+    from ..fit.config_file import load_config, naming_config
 
     if isinstance(spec, str) and not Path(spec).expanduser().exists():
         from ...models import CONFIG_DIR

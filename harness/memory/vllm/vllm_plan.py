@@ -25,7 +25,7 @@ vLLM sizes its KV cache once, at start-up (read from its source, per version ran
   the forward's tensors are freed before the sampler runs, except the hidden states. The V2
   runner's eager profile (0.26.0's source, logged on the H200) also holds each layer's input
   through its MLP (T x h) and allocates cuBLAS's workspace in it.
-- non-torch and what else is counted depends on the version (see REGIMES below).
+- non-torch and what else is counted depends on the version (see REGIMES in vllm_engine.py).
 - CUDA graphs are captured after the KV cache is allocated; from 0.20 the V1 model runner first
   estimates their memory and subtracts it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default);
   the V2 runner's estimate is 0 (`profile_cudagraph_memory` returns 0 in 0.22-0.26), so there
@@ -50,27 +50,20 @@ CPU build's own log (tests/test_vllm_plan_cpu.py, suites/serving).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ...errors import UsageError
 from ..fit.gpus import Gpu
 from .vllm_alloc import cublas_workspace_bytes, load_slack_bytes
 from .vllm_model import ModelFacts
 from .vllm_plan_kv import gpu_kv_layout, kv_layout_note, layout_fit_reason
 from .vllm_linear_terms import linear_bytes, lora_slot_bytes
+from .vllm_query import GPU_BLOCK_SIZE, VllmQuery, parse_version, validate, version_note
+from .vllm_engine import EngineSettings, resolve_engine_settings
 
 GiB = 1024**3
 MiB = 1024**2
 
-QUANTIZATIONS = ("none", "awq", "gptq", "compressed-tensors", "fp8", "bitsandbytes")
-DTYPES = ("auto", "bf16", "fp16", "fp32")
-KV_CACHE_DTYPES = ("auto", "fp8")
-ENGINES = ("v0", "v1")
-ENTRYPOINTS = ("serve", "llm")
-DEFAULT_VERSION = "0.32"
-OLDEST_VERSION, NEWEST_VERSION = (0, 5, 0), (0, 33, 99)  # the releases these rules were read from
 
 # The dummy sampler's bytes per (request x vocabulary) element, see the module docstring.
 SAMPLER_BYTES = {"v0": 37.5, "v1": 37.5, "v1-flashinfer": 14.5, "v2": 6.0, "v2-in-place": 2.0}
@@ -83,200 +76,13 @@ NON_TORCH_PROFILED = int(0.05 * GiB)
 NON_TORCH_WITH_CONTEXT = int(0.35 * GiB)
 NON_TORCH_CONSUMED = int(0.25 * GiB)
 NON_TORCH_V2_PROFILED = int(0.22 * GiB)  # 0.26.0's V2 runner on the H200 (measurements/vllm_plan/)
-# The architectures vLLM runs on the V2 model runner by default before 0.25 made it the default
-# for every model that is not a mixture of experts (vllm/config/vllm.py, per release); from 0.25
-# on, the MoE ones listed there still get it.
-V2_ARCHITECTURES = {  # 0.22-0.23: and only unquantized dense models
-    (0, 22): frozenset({"Qwen3ForCausalLM"}),
-    (0, 23): frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}),
-    (0, 24): frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
-                        "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}),
-    (0, 25): frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "Qwen2MoeForCausalLM"}),
-}
 # Memory of the captured CUDA graphs (logs: 0.17-1.1 GiB; LoRA and long capture lists at the top).
 CUDA_GRAPH_BYTES = int(0.3 * GiB)
 CPU_BLOCK_SIZE = 128
-GPU_BLOCK_SIZE = 16
-
-# How vLLM turns its measurements into "memory left for the KV cache", by version range:
-REGIMES = {
-    "free-delta": "V0 up to 0.6.3: total x util - (free at init - free after the dummy run); "
-                  "the activation stays reserved in the allocator cache",
-    "absolute": "V0 0.6.4, V1 0.7-0.8: total x util - (torch's absolute peak + everything else "
-                "on the card: CUDA context, other processes)",
-    "profiled": "V0 0.6.5-0.10, V1 0.9-0.26: total x util - (weights + peak increase during the "
-                "dummy run + non-torch increase since init)",
-    "consumed": "from 0.27: total x util - (all memory consumed since init + transient peak); "
-                "persistent buffers now count",
-}
-
-
-def parse_version(text: str | None) -> tuple[int, int, int]:
-    """'0.6.4.post1' -> (0, 6, 4); '0.11' -> (0, 11, 0); '0.8.x' -> (0, 8, 0)."""
-    if text is None:
-        text = DEFAULT_VERSION
-    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(text))
-    if not m:
-        raise UsageError(f"--vllm-version: {text!r} is not a version like 0.11 or 0.6.4")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 
 # ---------------------------------------------------------------------------------------------
 # Inputs
-
-
-@dataclass(frozen=True)
-class VllmQuery:
-    gpu: Gpu
-    gpu_memory_utilization: float
-    max_model_len: int
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    dtype: str = "auto"
-    quantization: str | None = None  # None: from config.json
-    kv_cache_dtype: str = "auto"
-    enforce_eager: bool = False
-    enable_lora: bool = False
-    max_lora_rank: int = 16
-    max_loras: int = 1
-    weights_bytes: int | None = None
-    vllm_version: str = DEFAULT_VERSION
-    engine: str | None = None  # v0 | v1; None: what that version picks on that card
-    entrypoint: str = "serve"  # serve (OpenAI server) | llm (the LLM class)
-    enable_chunked_prefill: bool | None = None
-    other_process_bytes: int = 0  # memory other processes hold on the card (desktop, servers)
-    flashinfer_sampler: bool = False
-    block_size: int = GPU_BLOCK_SIZE
-
-
-def version_note(version: tuple[int, int, int]) -> str:
-    """'' for a version these rules cover; else what the plan assumed."""
-    if version > NEWEST_VERSION:
-        return (f"vLLM {'.'.join(map(str, version))} is newer than any release these rules were read from "
-                f"(0.{NEWEST_VERSION[1]}): planned with 0.{NEWEST_VERSION[1]}'s rules")
-    return ""
-
-
-def validate(q: VllmQuery) -> None:
-    if parse_version(q.vllm_version) < OLDEST_VERSION:
-        raise UsageError(f"--vllm-version: {q.vllm_version} is older than 0.5, the first release these memory "
-                         "rules cover")
-    if parse_version(q.vllm_version) > NEWEST_VERSION:
-        raise UsageError(f"--vllm-version: {q.vllm_version} is an unknown version: newer than any release these "
-                         f"memory rules were read from (0.5 to 0.{NEWEST_VERSION[1]})")
-    if not 0 < q.gpu_memory_utilization <= 1:
-        raise UsageError(f"--gpu-memory-utilization: {q.gpu_memory_utilization} must be in (0, 1]")
-    for name in ("max_model_len", "max_lora_rank", "max_loras", "block_size"):
-        value = getattr(q, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise UsageError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
-    for name in ("max_num_seqs", "max_num_batched_tokens", "weights_bytes"):
-        value = getattr(q, name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(f"--{name.replace('_', '-')}: {value!r} must be a positive integer")
-    if q.dtype not in DTYPES:
-        raise UsageError(f"--dtype: {q.dtype!r} (choose from {', '.join(DTYPES)})")
-    if q.quantization is not None and q.quantization not in QUANTIZATIONS:
-        raise UsageError(f"--quantization: {q.quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
-    if q.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise UsageError(f"--kv-cache-dtype: {q.kv_cache_dtype!r} (choose from {', '.join(KV_CACHE_DTYPES)})")
-    if q.engine is not None and q.engine not in ENGINES:
-        raise UsageError(f"--vllm-engine: {q.engine!r} (choose from {', '.join(ENGINES)})")
-    if q.entrypoint not in ENTRYPOINTS:
-        raise UsageError(f"--entrypoint: {q.entrypoint!r} (choose from {', '.join(ENTRYPOINTS)})")
-    if q.other_process_bytes < 0:
-        raise UsageError("--gpu-used-by-others must be >= 0")
-    parse_version(q.vllm_version)
-
-
-@dataclass
-class EngineSettings:
-    """What vLLM resolves the query to (defaults filled in)."""
-
-    version: tuple[int, int, int]
-    engine: str
-    runner: str  # v0 | v1 | v2 (model runner)
-    regime: str
-    quantization: str
-    act_bytes: int
-    kv_bytes: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    chunked_prefill: bool
-    profile_requests: int
-    sampler: str
-
-
-def uses_v2_runner(facts: ModelFacts, v: tuple[int, int, int]) -> bool:
-    """vLLM 0.22-0.26's default model runner for this model on a GPU (see the module docstring)."""
-    if v < (0, 22):
-        return False
-    listed = V2_ARCHITECTURES[max(k for k in V2_ARCHITECTURES if k <= v[:2])]
-    moe = "mixture of experts" in facts.not_modelled
-    if v < (0, 24):
-        return facts.architecture in listed and not moe and facts.quantization == "none"
-    return facts.architecture in listed or (v >= (0, 25) and not moe)
-
-
-def resolve_engine_settings(facts: ModelFacts, q: VllmQuery) -> EngineSettings:
-    v = parse_version(q.vllm_version)
-    quant = q.quantization if q.quantization is not None else facts.quantization
-    cc = q.gpu.compute_capability
-    engine = q.engine
-    if engine is None:
-        if v < (0, 8):
-            engine = "v0"
-        elif v >= (0, 11):
-            engine = "v1"
-        elif cc < (8, 0):  # "Compute Capability < 8.0 is not supported by the V1 Engine"
-            engine = "v0"
-        elif v < (0, 9) and (quant == "bitsandbytes" or (q.kv_cache_dtype == "fp8" and cc < (9, 0))):
-            engine = "v0"
-        else:
-            engine = "v1"
-    if engine == "v0" and v >= (0, 11):
-        raise UsageError(f"--vllm-engine v0: vLLM {q.vllm_version} has no V0 engine (removed in 0.11)")
-    if engine == "v1" and v < (0, 7):
-        raise UsageError(f"--vllm-engine v1: vLLM {q.vllm_version} has no V1 engine (from 0.7, default from 0.8)")
-    if engine == "v0":
-        runner = "v0"
-        regime = "free-delta" if v < (0, 6, 4) else "absolute" if v < (0, 6, 5) else "profiled"
-    else:
-        runner = "v2" if v >= (0, 27) or uses_v2_runner(facts, v) else "v1"
-        regime = "absolute" if v < (0, 9) else "profiled" if v < (0, 27) else "consumed"
-    # vLLM downcasts float32 checkpoints to bf16 (fp16 before sm80) unless told --dtype float32
-    act_bytes = 4 if q.dtype == "fp32" else 2
-    kv_bytes = 1 if q.kv_cache_dtype == "fp8" else act_bytes
-    big = q.gpu.total_bytes >= 70 * GiB and ("a100" not in q.gpu.name.lower() or v < (0, 9))
-    if engine == "v0":
-        seqs = q.max_num_seqs or 256
-        chunked = q.enable_chunked_prefill
-        if chunked is None:
-            chunked = q.max_model_len > 32768 and not q.enable_lora
-        if q.max_num_batched_tokens:
-            tokens = q.max_num_batched_tokens
-        elif chunked:
-            tokens = 512 if v < (0, 6, 5) else 2048
-        else:
-            tokens = max(q.max_model_len, 2048)
-        requests = min(seqs, tokens)
-    else:
-        chunked = True
-        if q.entrypoint == "serve":
-            default_tokens, default_seqs = (8192, 1024) if big else (2048, 256)
-        else:
-            default_tokens, default_seqs = (16384, 1024) if big else (8192, 256)
-        seqs = q.max_num_seqs or default_seqs
-        tokens = q.max_num_batched_tokens or default_tokens
-        requests = min(seqs, tokens)
-    if runner == "v2":
-        sampler = "v2" if v >= (0, 27) else "v2-in-place"
-    elif runner == "v1" and q.flashinfer_sampler:
-        sampler = "v1-flashinfer"
-    else:
-        sampler = runner
-    return EngineSettings(v, engine, runner, regime, quant, act_bytes, kv_bytes, seqs, tokens, chunked,
-                    requests, sampler)
 
 
 # ---------------------------------------------------------------------------------------------

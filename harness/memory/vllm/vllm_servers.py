@@ -13,8 +13,8 @@ from .vllm_model import ModelFacts, model_facts
 from .vllm_kv_families import Platform, cpu_platform
 from .vllm_kv_rules import cpu_refusal
 from .vllm_plan_kv import kv_layout, kv_layout_note, layout_fit_reason
-from .vllm_plan import (CPU_BLOCK_SIZE, DEFAULT_VERSION, GiB, VllmPlan, VllmQuery, capacity, kv_bytes_per_token,
-                        parse_version)
+from .vllm_plan import CPU_BLOCK_SIZE, GiB, VllmPlan, capacity, kv_bytes_per_token
+from .vllm_query import DEFAULT_VERSION, VllmQuery, parse_version
 
 
 CPU_SERVER_BATCHED_TOKENS = 2048  # vLLM's CPU default for the OpenAI server (arg_utils.get_batch_defaults)

@@ -12,7 +12,7 @@ TERMS = (("weights_bytes", "weights"), ("activation_bytes", "activation peak"), 
 def cause(a, b, va: str, vb: str) -> str:
     """Why the KV tokens differ between plan a (version va) and plan b (vb)."""
     from .vllm_kv_rules import rules_for
-    from .vllm_plan import parse_version
+    from .vllm_query import parse_version
 
     reasons = []
     moved = [label for key, label in TERMS[:-1] if getattr(a, key) != getattr(b, key)]
