@@ -3,10 +3,10 @@ runs under torch's default caching allocator on the card (harness.memory.replay.
 tracing a handful of settings around the reserve rule's answer (docs/vram.md, "plan --train,
 replayed").
 
-A trace takes 5-10 s on one core whatever the sequence length (the meta device computes nothing),
-so the search spends few of them: it starts at the reserve rule's answer, steers by the traced
-need (a step's need grows almost linearly with tokens and batch), and closes in by bisection
-where that guess does not shrink the bracket. Its answer n fits replayed and n + 1 does not;
+A trace takes seconds on one core whatever the sequence length (the meta device computes nothing),
+so few are spent: three lengths around the reserve rule's answer, traced side by side where cores
+are spare (side_by_side), from which every other length at batch 1 is made (trace_synthesis);
+the search (limit_bracket) starts from them. Its answer n fits replayed and n + 1 does not;
 fitting is not quite monotone (a release before a retry changes the later layout), so a setting
 below n may still not fit, which the measured agreement counts (benchmarks/vram/plan_verdicts.py).
 """
@@ -19,25 +19,13 @@ import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 
 from ...errors import UnsupportedError, one_line
+from .limit_bracket import MAX_TRACES, ReplayPoint, largest_fitting
+from .side_by_side import can_fork, side_by_side, usable_cores
 from .step_verdict import REPLAY_MARGIN
-
-# A search that has not closed in after this many traces answers the largest setting it saw fit
-# (about ten are needed from a bracket of thousands of tokens; the estimate usually starts within one).
-MAX_TRACES = 14
-
-
-@dataclass(frozen=True)
-class ReplayPoint:
-    """One traced setting, replayed under the card's cap less the margin."""
-
-    seq_len: int
-    batch: int
-    fits: bool
-    need_bytes: int  # a bisection's smallest cap (2 MiB steps): what steers the search
-    traced_peak_bytes: int
-    seconds: float
+from .trace_synthesis import ANCHORS, synthesized_trace
 
 
 @dataclass
@@ -61,8 +49,9 @@ class StepReplayer:
 
     def __init__(self, config: dict, shape, recipe, budget_bytes: int, context_bytes: int,
                  margin: float = REPLAY_MARGIN, progress: Callable[[str], None] | None = None,
-                 transformers: str | None = None):
-        """transformers: the version whose attention choice the trace follows (default: the installed one)."""
+                 transformers: str | None = None, processes: int | None = None):
+        """transformers: the version whose attention choice the trace follows (default: the installed one);
+        processes: how many traces may run side by side (default: the usable cores, at most ANCHORS)."""
         from ..family.families import at_transformers, installed_transformers
 
         self.config, self.recipe, self.margin = config, recipe, margin
@@ -79,6 +68,8 @@ class StepReplayer:
         self.synthesized = 0
         self._recipe_key: str | None = None  # trace_cache's folder of this recipe, read at the first point
         self._cached: set[tuple[int, int]] = set()
+        self.processes = min(processes or usable_cores(), ANCHORS) if can_fork() else 1
+        self._side: set[tuple[int, int]] = set()  # the settings prepare_lengths traced in forked copies
 
     def points(self) -> list[ReplayPoint]:
         return list(self._points.values())
@@ -89,44 +80,99 @@ class StepReplayer:
             self._points[key] = self._trace(seq_len, batch)
         return self._points[key]
 
-    def _trace(self, seq_len: int, batch: int) -> ReplayPoint:
+    def _open_cache(self) -> None:
         from . import trace_cache
-        from .step_trace import trace_training_step
-        from .step_verdict import replay_verdict
 
-        t0 = time.perf_counter()
-        query = replace(self.recipe, seq_len=seq_len, batch=batch)
-        say = lambda msg: self._say(f"{seq_len} x {batch}: {msg}")  # noqa: E731
         if self._recipe_key is None:
             self._recipe_key = trace_cache.recipe_key(self.config, self.recipe, self.attention)
             self._cached = set(trace_cache.settings(self._recipe_key))
+
+    def _trace(self, seq_len: int, batch: int) -> ReplayPoint:
+        from . import trace_cache
+
+        t0 = time.perf_counter()
+        self._open_cache()
         how, trace = "", None
-        if (seq_len, batch) in self._cached:
+        if (seq_len, batch) in self._traces:  # an anchor: traced side by side, or read for a made length
+            trace = self._traces[(seq_len, batch)]
+            how = "traced side by side" if (seq_len, batch) in self._side else "from the trace cache"
+        elif (seq_len, batch) in self._cached:
             trace, how = trace_cache.load(self._recipe_key, seq_len, batch), "from the trace cache"
         if trace is None:
             trace, how = self._made(seq_len, batch), f"made from {ANCHORS} traced lengths"
             self.synthesized += trace is not None
         if trace is None:
-            try:
-                with _quiet():
-                    trace = trace_training_step(self.config, query, self.attention, progress=say)
-            except ImportError as exc:
-                raise UnsupportedError(f"the replay needs transformers and peft: {exc}") from None
-            except UnsupportedError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a model the meta-device run cannot step: said, not raised
-                raise UnsupportedError(f"the step could not be traced: {type(exc).__name__}: "
-                                       f"{one_line(str(exc))[:300]}") from None
-            trace_cache.save(self._recipe_key, seq_len, batch, trace)
+            trace, how = self._traced(seq_len, batch, lambda msg: self._say(f"{seq_len} x {batch}: {msg}")), ""
             self._cached.add((seq_len, batch))
-            how = ""
         if not how.startswith("made"):
             self._traces[(seq_len, batch)] = trace
-        v = replay_verdict(trace, self.budget_bytes, self.context_bytes, self.margin)
-        point = ReplayPoint(seq_len, batch, v.fits, v.need_bytes, v.traced_peak_bytes, round(time.perf_counter() - t0, 1))
-        self._say(f"{seq_len} x {batch}: {'fits' if v.fits else 'does not fit'} (traced need "
-                  f"{point.need_bytes / 2**30:.2f} GiB, {how + ', ' if how else ''}{point.seconds:.0f} s)")
+        point = self._replayed(trace, seq_len, batch, t0)
+        self._say_point(point, how)
         return point
+
+    def _traced(self, seq_len: int, batch: int, say) -> object:
+        """The step at that setting traced now (and stored in the trace cache)."""
+        from . import trace_cache
+        from .step_trace import trace_training_step
+
+        query = replace(self.recipe, seq_len=seq_len, batch=batch)
+        try:
+            with _quiet():
+                trace = trace_training_step(self.config, query, self.attention, progress=say)
+        except ImportError as exc:
+            raise UnsupportedError(f"the replay needs transformers and peft: {exc}") from None
+        except UnsupportedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a model the meta-device run cannot step: said, not raised
+            raise UnsupportedError(f"the step could not be traced: {type(exc).__name__}: "
+                                   f"{one_line(str(exc))[:300]}") from None
+        trace_cache.save(self._recipe_key, seq_len, batch, trace)
+        return trace
+
+    def _replayed(self, trace, seq_len: int, batch: int, t0: float) -> ReplayPoint:
+        from .step_verdict import replay_verdict
+
+        v = replay_verdict(trace, self.budget_bytes, self.context_bytes, self.margin)
+        seconds = round(time.perf_counter() - t0, 1)
+        return ReplayPoint(seq_len, batch, v.fits, v.need_bytes, v.traced_peak_bytes, seconds)
+
+    def _say_point(self, point: ReplayPoint, how: str) -> None:
+        self._say(f"{point.seq_len} x {point.batch}: {'fits' if point.fits else 'does not fit'} (traced need "
+                  f"{point.need_bytes / 2**30:.2f} GiB, {how + ', ' if how else ''}{point.seconds:.0f} s)")
+
+    def prepare_lengths(self, center: int, batch: int, lo: int, hi: int) -> None:
+        """Trace side by side (side_by_side.py) the lengths at `batch` that every other length of
+        the search is then made from (ANCHORS, synthesized_trace): `center`, the search's first
+        setting, here, and the others, 3% either side, in forked copies, which only trace them (a
+        setting is replayed when the search asks for it). Nothing where one core is all there is,
+        or where fewer than two lengths are missing (the trace cache's count)."""
+        self._open_cache()
+        known = {s for s, b in set(self._traces) | self._cached if b == batch}
+        missing = ANCHORS - len(known)
+        if self.processes < 2 or missing < 2:
+            return
+        step, window = max(1, center // 32), self.window
+        around = (center + k * step for k in (0, 1, -1, 2, -2, 3, -3, 4, -4))
+        lengths = [s for s in around if lo <= s <= hi and s not in known
+                   and (window is None or (s >= window) == (center >= window))][:missing]
+        if len(lengths) < missing:
+            return
+        here, others = lengths[0], lengths[1:]
+        self._say(f"tracing {', '.join(map(str, lengths))} x {batch} side by side ({self.processes} processes)")
+        t0 = time.perf_counter()
+        try:
+            _, traces = side_by_side(lambda: self.point(here, batch),
+                                     [partial(self._traced, s, batch, None) for s in others])
+        except OSError as exc:  # no fork (memory, process limit): the search traces them one by one
+            self._say(f"could not trace side by side ({exc}); one after another")
+            return
+        for s, trace in zip(others, traces):
+            if isinstance(trace, BaseException):  # the search traces it again if it asks, and says why then
+                self._say(f"{s} x {batch}: not traced side by side ({one_line(str(trace))[:200]})")
+                continue
+            self._traces[(s, batch)] = trace
+            self._side.add((s, batch))
+        self._say(f"{', '.join(map(str, lengths))} x {batch} traced ({time.perf_counter() - t0:.0f} s)")
 
     def _made(self, seq_len: int, batch: int):
         """The setting made from the ANCHORS nearest traced lengths at its batch (this run's or the
@@ -145,61 +191,6 @@ class StepReplayer:
             self._traces[(s, batch)] = t
             anchors.append((s, t))
         return synthesized_trace(anchors, seq_len, self.window)
-
-
-# A step's allocations at one batch are the same ops at every sequence length (the meta device has
-# no data-dependent branch past the first few tokens), each of a size quadratic in the length at
-# most (scores and masks seq x seq, activations seq, weights and states constant): from three traced
-# lengths every other length's trace follows exactly (Lagrange interpolation in integers). Checked on
-# the quick start's recipe (qwen2.5-1.5b nf4-dq, r 16 on q,k,v,o, paged 8-bit AdamW): traces at 500,
-# 1000 and 1500 tokens give the 2000-token trace's 32,679 allocations byte for byte.
-ANCHORS = 3
-
-
-def synthesized_trace(traced: list[tuple[int, object]], seq_len: int, window: int | None):
-    """The StepTrace at seq_len made from ANCHORS traces of other lengths at the same batch, or None
-    where they cannot make it: too few, events that differ in kind or order, a size that is not an
-    integer there, a sliding window between the lengths (a mask appears past it), or a trace with a
-    size rounded in the length (StepTrace.rounded: not a polynomial, so three lengths do not fix it)."""
-    from .step_trace import StepTrace
-
-    if len(traced) < ANCHORS or any(t.rounded for _, t in traced):
-        return None
-    anchors = sorted(traced, key=lambda st: abs(st[0] - seq_len))[:ANCHORS]
-    xs = [x for x, _ in anchors]
-    if window is not None and len({x >= window for x in xs + [seq_len]}) > 1:
-        return None
-    traces = [t for _, t in anchors]
-    first = traces[0]
-    if any(len(t.events) != len(first.events) or t.train_at != first.train_at for t in traces[1:]):
-        return None
-    # Lagrange weights at seq_len over a common denominator
-    den = 1
-    for i, xi in enumerate(xs):
-        for j, xj in enumerate(xs):
-            if i != j:
-                den *= xi - xj
-    nums = []
-    for i, xi in enumerate(xs):
-        num, d = 1, 1
-        for j, xj in enumerate(xs):
-            if i != j:
-                num *= seq_len - xj
-                d *= xi - xj
-        nums.append(num * (den // d))
-    events = []
-    for evs in zip(*(t.events for t in traces)):
-        e0 = evs[0]
-        if any(e[:2] != e0[:2] for e in evs[1:]):
-            return None
-        if e0[0] != "alloc":
-            events.append(e0)
-            continue
-        total = sum(n * e[2] for n, e in zip(nums, evs))
-        if total % den or total // den < 0:
-            return None
-        events.append(("alloc", e0[1], total // den))
-    return StepTrace(events, first.train_at)
 
 
 @contextmanager
@@ -230,51 +221,6 @@ def replay_unavailable() -> str | None:
     return None
 
 
-def largest_fitting(probe: Callable[[int], ReplayPoint], axis_of: Callable[[ReplayPoint], int],
-                    target_bytes: int, start: int, lo: int, hi: int, slope_bytes: float,
-                    max_traces: int = MAX_TRACES) -> tuple[int | None, bool]:
-    """The largest n in [lo, hi] with probe(n).fits, next to an n + 1 that does not.
-
-    Starts at `start`. Until a fitting and a refused setting bracket the answer, each next guess
-    solves need(n) = target_bytes from the newest trace at `slope_bytes` per unit and steps past it
-    by a pad that doubles while the guesses stay on one side. Inside the bracket it solves the same
-    on the line through the bracket's two needs, and halves the bracket instead when the last guess
-    did not. Returns (n, closed): closed is False when max_traces ran out first (n is then the
-    largest setting seen fitting, or None)."""
-    fit: ReplayPoint | None = None  # the bracket's fitting end
-    fail: ReplayPoint | None = None  # its refused end, above the fitting one
-    n, pad, width = min(max(start, lo), hi), 1, None
-    for _ in range(max_traces):
-        p = probe(n)
-        if p.fits and (fit is None or n > axis_of(fit)):
-            fit = p
-            if fail is not None and axis_of(fail) <= n:  # refused below a fit: not monotone, look above
-                fail = None
-        elif not p.fits and (fail is None or n < axis_of(fail)) and (fit is None or n > axis_of(fit)):
-            fail = p
-        a, b = (axis_of(fit) if fit else None), (axis_of(fail) if fail else None)
-        if a is not None and a >= hi:
-            return hi, True
-        if b is not None and b <= lo:
-            return None, True
-        if a is not None and b is not None:
-            if b - a <= 1:
-                return a, True
-            db = fail.need_bytes - fit.need_bytes
-            guess = a + int((target_bytes - fit.need_bytes) * (b - a) / db) if db > 0 else (a + b) // 2
-            if width is not None and b - a > width // 2:  # the last guess did not halve it
-                guess = (a + b) // 2
-            n, width = min(max(guess, a + 1), b - 1), b - a
-            continue
-        step = int((target_bytes - p.need_bytes) / slope_bytes) if slope_bytes > 0 else 0
-        if fit is not None:  # only fits so far: up to where the need meets the line, and past it
-            n = min(a + max(step, 0) + pad, hi)
-        else:  # only refusals: down
-            n = max(b - max(-step, 0) - pad, lo)
-        pad *= 2
-    return (axis_of(fit) if fit else None), False
-
-
 def replayed_limit(replayer: StepReplayer, axis: str, reserve_rule: int | None, lo: int, hi: int,
                    other: int, slope_bytes: float) -> ReplayedLimit:
     """The largest sequence length at batch `other` (axis "seq_len"), or batch at sequence length
@@ -303,6 +249,7 @@ def limit_search(plan, shape, replayer: StepReplayer, axis: str, *, lo_seq: int,
 
     if axis == "seq_len":
         s0 = plan.max_seq_len or lo_seq
+        replayer.prepare_lengths(min(max(s0, lo_seq), hi_seq), 1, lo_seq, hi_seq)
         return replayed_limit(replayer, axis, plan.max_seq_len, lo_seq, hi_seq, 1,
                               (planned(s0 + 64, 1) - planned(s0, 1)) / 64)
     ref = plan.reference_seq_len
