@@ -14,6 +14,7 @@ tests also need a quiet machine: the runnable tasks of others are counted before
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import statistics
 import time
@@ -184,6 +185,33 @@ def pytest_xdist_make_scheduler(config, log):
             return work_unit(nodeid)
 
     return BySuiteOrFile(config, log)
+
+
+VLLM_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def vllm_core(workerid: str, workers: int, cores: list[int]) -> str | None:
+    """The core an xdist worker's vLLM CPU servers bind their model thread to, where the workers are
+    at least as many as the cores; None: vLLM's own choice. vLLM's "auto" binding leaves one core to
+    its scheduler and puts the model on the others, the same ones for every server: on the 2-core box
+    every server's worker process is pinned to core 0 (its log: core ids=[0], reserved_cpus=[1]), so two
+    workers' servers take turns on core 0 while core 1 waits for other work (vllm/utils/ompmultiprocessing.py,
+    vLLM 0.32.0). One core per worker instead, in turn."""
+    if workers < len(cores) or not cores:
+        return None
+    return str(cores[int(workerid.removeprefix("gw")) % len(cores)])
+
+
+def pytest_configure(config):
+    """On an xdist worker of a run with no binding of the caller's: vllm_core into the environment
+    the worker's vLLM servers inherit. A serial run (the alone tests) keeps vLLM's own binding."""
+    worker = getattr(config, "workerinput", None)
+    if worker is None or VLLM_BIND in os.environ:
+        return
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    core = vllm_core(worker["workerid"], int(worker["workercount"]), cores)
+    if core is not None:
+        os.environ[VLLM_BIND] = core
 
 
 def others_runnable(samples: int = 5, interval_s: float = 0.02) -> float | None:
