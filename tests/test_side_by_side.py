@@ -22,6 +22,19 @@ def test_each_copy_sends_back_its_result_or_its_exception():
     assert isinstance(c, ForkedError) and "pickle" in str(c).lower()  # a result that cannot travel, said
 
 
+def test_a_copy_runs_torch_cpu_kernels_after_the_parent_started_its_threads():
+    """The parent ran a parallel CPU kernel before the fork (an OpenMP team the copy does not
+    have): the copy's own parallel kernel must not wait on it for ever (plan_verdicts' pool workers
+    hung there), and nothing times out."""
+    torch = pytest.importorskip("torch")
+    if torch.get_num_threads() < 2:
+        torch.set_num_threads(2)
+    big = 1 << 22
+    assert float(torch.ones(big).add_(1).sum()) == 2 * big  # the team exists now
+    _, (value,) = side_by_side(lambda: None, [lambda: float(torch.ones(big).add_(1).sum())])
+    assert value == 2 * big
+
+
 def test_an_exception_here_leaves_no_copy_running(tmp_path):
     pid_file = tmp_path / "pid"
 
