@@ -22,11 +22,12 @@ def run(pytester, *args):
 
 @pytest.fixture
 def script_root(tmp_path) -> Path:
-    """scripts/test as shipped, beside a lib.sh whose set-up is already done (the venvs exist:
+    """scripts/test and the root conftest.py as shipped, beside a lib.sh whose set-up is already done (the venvs exist:
     this python stands in for each), so the script's own lines run without building anything."""
     root = tmp_path / "clone"
     (root / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "test", root / "scripts" / "test")
+    shutil.copy(ROOT / "conftest.py", root / "conftest.py")  # declares the options scripts/test passes
     (root / "scripts" / "lib.sh").write_text(
         'ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"\nensure_all_venvs() { :; }\n'
         f'VLLM_VERSIONS="{settings.PINNED_VLLM} {settings.BASELINE_VLLM}"\n')
