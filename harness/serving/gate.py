@@ -43,6 +43,7 @@ class GateConfig:
     candidate: Side
     workload: Workload
     concurrency: int = 4
+    ramp_up_s: float = 0.0  # each run's first sends spread over this long (bench's --ramp-up)
     rule: Rule = field(default_factory=Rule)
     thresholds: dict[str, float] = field(default_factory=gm.default_thresholds)
     budget_s: float | None = None  # stop adding blocks once another would pass this
@@ -99,7 +100,7 @@ def _say(cfg: GateConfig, text: str) -> None:
 
 async def _prepare(session, cfg: GateConfig, side: Side) -> _Prepared:
     bench = BenchConfig(target=side.target, workload=cfg.workload, concurrencies=[cfg.concurrency], repeats=1,
-                        warmup=cfg.warmup, tokenizer_dir=side.tokenizer_dir, environment=side.environment,
+                        ramp_up_s=cfg.ramp_up_s, warmup=cfg.warmup, tokenizer_dir=side.tokenizer_dir, environment=side.environment,
                         quiet=True, progress=False, prompt_calibration=cfg.prompt_calibration,
                         workers=cfg.workers, keep_requests=False)
     tokenizer = PromptTokenizer(side.tokenizer_dir) if side.tokenizer_dir else None
