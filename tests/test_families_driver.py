@@ -171,3 +171,16 @@ def test_a_committed_job_set_is_data_the_driver_runs_again(driver):
     job_set, jobs = driver.jobs_from("vram/families/run-10", "issue27")
     kept = json.loads(next(measurements.unpacked("vram/families/run-10").rglob("jobs.json")).read_text())
     assert job_set == "again" and jobs == kept and len(jobs) == len({j["name"] for j in jobs}) > 0
+
+
+def test_the_claims_pool_is_the_cards_and_counts_checkpoints_being_built(driver):
+    h200, h100 = 150_109_880_320, 85_017_493_504  # the two lent cards' total_memory
+    assert driver.pool_bytes(h200) == pytest.approx(driver.GPU_POOL, rel=0.01)
+    assert driver.pool_bytes(h100) < h100 - 8 * 2**30  # the H100 run of the H200's pool ran every job out
+    assert driver.pool_bytes(None) == driver.GPU_POOL
+    pool, gib = driver.pool_bytes(h100), 2**30
+    assert driver.has_room(30 * gib, 0, 0, pool, running=False)  # alone on an idle card: always
+    assert driver.has_room(200 * gib, 0, 0, pool, running=False)
+    assert driver.has_room(20 * gib, 30 * gib, 0, pool, running=True)
+    assert not driver.has_room(20 * gib, 30 * gib, 25 * gib, pool, running=True)  # a checkpoint is on the card
+    assert not driver.has_room(50 * gib, 0, 25 * gib, pool, running=False)

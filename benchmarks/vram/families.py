@@ -83,7 +83,9 @@ BUDGET = 6 * 2**30
 ASSUMED_CONTEXT = 640 * 2**20
 CASE_TIMEOUT_S = 150
 CASE_MIN_S = 35  # a fresh process needs ~15-25 s to import, load and step
-GPU_POOL = 125 * 2**30
+GPU_POOL = 125 * 2**30  # where the card is unknown (CPU dry runs): the H200's pool
+POOL_SHARE = 0.89  # of the card the running jobs' claims may fill (125 of the H200's 139.8 GiB): the
+# rest is the CUDA contexts. An H100 run with the H200's 125 GiB ran every job out of memory (run-21)
 INFER = {"prefill_lens": (1024, 4096), "batches": (1, 2), "generate": (1024, 64)}
 T0 = time.time()
 
@@ -663,10 +665,22 @@ def model_folder(arch: str) -> str:
     return Path(arch).name.removesuffix(".json")
 
 
+def pool_bytes(total_bytes: int | None) -> int:
+    """What the running jobs' claims may add up to on a card of total_bytes."""
+    return int(total_bytes * POOL_SHARE) if total_bytes else GPU_POOL
+
+
+def has_room(claim: int, used: int, saving_bytes: int, pool: int, running: bool) -> bool:
+    """Whether a job of `claim` may start beside the running jobs' `used` and the checkpoints being
+    built on the card (`saving_bytes`): alone on an idle card it always may."""
+    return (not running and not saving_bytes) or used + saving_bytes + claim <= pool
+
+
 def run_jobs(jobs: list[dict], model_dirs: dict, out_dir: Path, device: str, deadline: float, slots: int,
-             saving: set | None = None) -> dict:
+             saving: set | None = None, pool: int = GPU_POOL) -> dict:
     """`saving`: architectures whose checkpoint a background thread is still writing (it adds them
-    to model_dirs when done, then removes them from `saving`): their jobs wait, the others start."""
+    to model_dirs when done, then removes them from `saving`): their jobs wait, the others start,
+    while the model being built on the card counts against `pool` (its bf16 inference claim)."""
     rows_dir = out_dir / "rows"
     logs = out_dir / "logs"
     rows_dir.mkdir(parents=True, exist_ok=True)
@@ -675,6 +689,7 @@ def run_jobs(jobs: list[dict], model_dirs: dict, out_dir: Path, device: str, dea
     pending = [j for j in jobs if j["arch"] in model_dirs or j["arch"] in saving]
     running: dict[int, tuple] = {}
     used, n, counts = 0, 0, {"done": 0, "timeout": 0, "no_row": 0, "skipped": len(jobs) - len(pending)}
+    save_claims = {a: infer_claim(a, "bf16") for a in saving} if device.startswith("cuda") else {}
 
     def finish(pid: int, kill: bool) -> None:
         nonlocal used
@@ -711,7 +726,8 @@ def run_jobs(jobs: list[dict], model_dirs: dict, out_dir: Path, device: str, dea
         pending = [j for j in pending if j not in lost]
         while len(running) < slots:
             ready = [j for j in pending if j["arch"] in model_dirs]
-            if not ready or (running and used + ready[0]["claim"] > GPU_POOL):
+            saving_bytes = sum(save_claims.get(a, 0) for a in list(saving))
+            if not ready or not has_room(ready[0]["claim"], used, saving_bytes, pool, bool(running)):
                 break
             job = ready[0]
             pending.remove(job)
@@ -838,7 +854,9 @@ def main(argv=None) -> int:
     log(f"{len(jobs)} jobs ({args.set}); environment {env_info}")
     model_dirs, saving = model_dirs_for(args.set, args.smoke, out, Path(args.model_root), args.device,
                                         jobs if args.jobs else None, args.save_limit_s)
-    counts = run_jobs(jobs, model_dirs, out, args.device, deadline, args.slots, saving)
+    pool = pool_bytes(env_info.get("total_bytes"))
+    log(f"claims pool {pool / 2**30:.1f} GiB of the card's {(env_info.get('total_bytes') or 0) / 2**30:.1f} GiB")
+    counts = run_jobs(jobs, model_dirs, out, args.device, deadline, args.slots, saving, pool)
     log(f"finished: {counts}")
     atomic.write_json(out / "DONE", dict(counts, seconds=round(time.time() - T0, 1)))
     return 0
