@@ -25,12 +25,17 @@ def test_tracker_on_cpu_reports_host_rss_peak():
             # this worker freed and left resident, and the RSS would not move
             block = mmap.mmap(-1, 64 * 2**20)
             block.write(b"\1" * len(block))
-            time.sleep(0.2)  # several sampler periods, also on a loaded box
+            # two samples after the touch, however long a loaded box (CI's three workers beside
+            # vLLM servers) keeps the sampler thread waiting: a fixed 0.2 s once saw none
+            seen, waited = t.rss_samples, time.monotonic()
+            while t.rss_samples < seen + 2 and time.monotonic() - waited < 30:
+                time.sleep(0.01)
             block.close()
     finally:
         gc.enable()
     r = t.result
     assert r.peak_bytes is None and r.nvml_peak_bytes is None  # nothing to read on a CPU
+    assert r.host_rss_samples >= 2, "the sampler never ran in 30 s"
     assert r.host_rss_peak_bytes >= r.host_rss_start_bytes + 48 * 2**20
     assert r.seconds > 0
 

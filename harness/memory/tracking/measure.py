@@ -30,6 +30,7 @@ class MemoryResult:
     context_bytes: int | None = None  # CUDA context + driver reservations of this process
     host_rss_peak_bytes: int | None = None
     host_rss_start_bytes: int | None = None
+    host_rss_samples: int = 0  # how many times the sampler read the resident size
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
@@ -115,6 +116,7 @@ class MemoryTracker:
         self._thread: threading.Thread | None = None
         self._reader: NvmlReader | None = None
         self._t0 = 0.0
+        self.rss_samples = 0  # read while the block runs: a loaded machine can starve the sampler
         self._cuda = False
 
     def _sample_loop(self) -> None:
@@ -129,8 +131,10 @@ class MemoryTracker:
                     peak_nvml = used
                 n += 1
             rss = _rss_bytes()
-            if rss is not None and (peak_rss is None or rss > peak_rss):
-                peak_rss = rss
+            if rss is not None:
+                self.rss_samples += 1
+                if peak_rss is None or rss > peak_rss:
+                    peak_rss = rss
             if self._stop.wait(self.interval_s):
                 break
         elapsed = time.perf_counter() - t_start
@@ -138,6 +142,7 @@ class MemoryTracker:
         self.result.nvml_samples = n
         self.result.nvml_rate_hz = (n / elapsed) if (n and elapsed > 0) else None
         self.result.host_rss_peak_bytes = peak_rss
+        self.result.host_rss_samples = self.rss_samples
 
     def __enter__(self) -> "MemoryTracker":
         import torch
