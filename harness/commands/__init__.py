@@ -23,6 +23,21 @@ def print_verdict(result, as_json: bool, print_text) -> int:
     return 0 if result.ok else 1
 
 
+def add_ramp_up(parser) -> None:
+    """--ramp-up, as bench and gate take it (closed loop; read back with ramp_up_seconds)."""
+    parser.add_argument("--ramp-up", type=float, default=0.0,
+                        help="closed loop: spread the first sends of the slots over this many seconds (default 0: "
+                             "one burst, which one client worker flags as client-bound at high concurrency)")
+
+
+def ramp_up_seconds(args) -> float:
+    from ..errors import UsageError
+
+    if not 0 <= args.ramp_up < float("inf"):
+        raise UsageError(f"--ramp-up: {args.ramp_up} must be a number of seconds, 0 or more")
+    return args.ramp_up
+
+
 def check_writable(out: Path, flag: str, create_folders: bool = False) -> None:
     """Refuse, before any work, an output path that cannot be written: a directory, a path through
     a file (/etc/passwd/x.json), a folder that is missing (unless the command creates folders) or

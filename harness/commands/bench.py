@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import CheckFailed, UsageError
-from . import check_writable
+from . import add_ramp_up, check_writable, ramp_up_seconds
 from ..units import comma_list, int_list
 
 
@@ -130,8 +130,7 @@ def add_arguments(parser) -> None:
                         help="how prompts of --input-len tokens are built (default auto: the first that works "
                              "of tokenizer, server-tokenize (one-token words, else the server's own token ids: server-vocab), usage-probes)")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
-    parser.add_argument("--ramp-up", type=float, default=0.0,
-                        help="closed loop: spread the first sends of the slots over this many seconds (default 0: one burst)")
+    add_ramp_up(parser)
     parser.add_argument("--workers", default="auto",
                         help="client worker processes, each its own event loop and connections (default auto: "
                              "the cores nobody else is using, less one, at least 1)")
@@ -154,8 +153,7 @@ def run(args) -> int:
     endpoint = parse_endpoint(args.endpoint)
     if not 0 < args.timeout < float("inf"):
         raise UsageError(f"--timeout: {args.timeout} must be a positive number of seconds")
-    if not 0 <= args.ramp_up < float("inf"):
-        raise UsageError(f"--ramp-up: {args.ramp_up} must be a number of seconds, 0 or more")
+    ramp_up = ramp_up_seconds(args)
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
     if args.warmup < 0:
@@ -175,7 +173,7 @@ def run(args) -> int:
         concurrencies=_int_list(args.concurrency, "--concurrency") if args.concurrency else ([] if args.request_rate else [1]),
         rates=rates,
         slo_target=slo_target,
-        ramp_up_s=args.ramp_up,
+        ramp_up_s=ramp_up,
         repeats=args.repeats,
         warmup=args.warmup,
         slo=parse_slo(args.slo),

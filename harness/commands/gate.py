@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
+from . import add_ramp_up, ramp_up_seconds
 
 
 def add_arguments(parser) -> None:
@@ -44,9 +45,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--input-len", type=int, default=64, help="prompt tokens (default 64)")
     parser.add_argument("--output-len", type=int, default=32, help="output tokens (default 32)")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
-    parser.add_argument("--ramp-up", type=float, default=0.0,
-                        help="spread each run's first sends over this many seconds (default 0: one burst, which "
-                             "a small client flags as client-bound at high concurrency)")
+    add_ramp_up(parser)
     parser.add_argument("--warmup", type=int, default=2, help="requests before each run, outside its figures (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
     parser.add_argument("--threshold", default=None, help=thresholds_help())
@@ -140,8 +139,7 @@ def run(args) -> int:
             raise UsageError(f"{flag} must be at least 1")
     if not 0 < args.timeout < float("inf"):
         raise UsageError("--timeout must be a positive number of seconds")
-    if not 0 <= args.ramp_up < float("inf"):
-        raise UsageError(f"--ramp-up: {args.ramp_up} must be a number of seconds, 0 or more")
+    ramp_up = ramp_up_seconds(args)
     workload = Workload(input_len=args.input_len, output_len=args.output_len, num_prompts=args.num_prompts,
                         api=args.api)
     noise_path = None if str(args.noise_model).lower() == "none" else Path(
@@ -155,7 +153,7 @@ def run(args) -> int:
         sides = [g.Side(name, Target(url, m, api=args.api, timeout_s=args.timeout), tokenizer, env)
                  for name, url, m, env in (("baseline", base_url, model, base_env),
                                            ("candidate", cand_url, args.candidate_model or model, cand_env))]
-        cfg = g.GateConfig(sides[0], sides[1], workload, concurrency=args.concurrency, ramp_up_s=args.ramp_up, rule=rule,
+        cfg = g.GateConfig(sides[0], sides[1], workload, concurrency=args.concurrency, ramp_up_s=ramp_up, rule=rule,
                            thresholds=thresholds, budget_s=args.budget_s, warmup=args.warmup,
                            noise_model=noise_path, out=out, quiet=args.quiet,
                            bring_up=servers.up if servers is not None and servers.mode == "alternate" else None)
