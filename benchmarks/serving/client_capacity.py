@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from harness.atomic import write_text  # noqa: E402
 from harness.report import plots  # noqa: E402
-from harness.serving import capacity, hostload  # noqa: E402
+from harness.env import usable_cores  # noqa: E402
+from harness.serving import capacity  # noqa: E402
 from harness.serving.client import Target, run_load  # noqa: E402
 from harness.serving.results import machine  # noqa: E402
 from harness.serving.standin import run_standin  # noqa: E402
@@ -178,7 +179,7 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--ramp-ms", type=float, default=2.0, help="first sends this far apart per slot")
     parser.add_argument("--max-concurrency", type=int, default=2048)
-    parser.add_argument("--standin-processes", type=int, default=max(1, hostload.cores() // 2))
+    parser.add_argument("--standin-processes", type=int, default=max(1, usable_cores() // 2))
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..env import usable_cores
+
 
 @dataclass(frozen=True)
 class CpuSnapshot:
@@ -61,13 +63,6 @@ def snapshot() -> CpuSnapshot:
     return CpuSnapshot(time.monotonic(), run, wait, psi)
 
 
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def runnable() -> int | None:
     """Tasks running or ready to run right now, the reader included (/proc/loadavg's 4th field)."""
     text = _read("/proc/loadavg")
@@ -88,7 +83,7 @@ def background(samples: list[int]) -> dict:
     if not samples:
         return {"background_runnable": None, "cpu_contention": None}
     others = max(0.0, sum(samples) / len(samples) - 1)
-    k = cores()
+    k = usable_cores()
     return {"background_runnable": others, "cpu_contention": (k + others) / k}
 
 
@@ -212,7 +207,7 @@ def others_during(before: CpuTimes, after: CpuTimes) -> dict:
     if wall <= 0 or None in (before.machine_busy_s, after.machine_busy_s, before.watched_s, after.watched_s):
         return {"others_cpu_cores": None, "cpu_contention_run": None}
     others = max(0.0, (after.machine_busy_s - before.machine_busy_s) - (after.watched_s - before.watched_s)) / wall
-    k = cores()
+    k = usable_cores()
     return {"others_cpu_cores": others, "cpu_contention_run": (k + others) / k}
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from .. import __version__
+from ..env import usable_cores
 from ..errors import CheckFailed, UsageError
 from . import capacity, hostload, metrics, prompts, results, server_stamps
 from .client import LoadResult, RequestSpec, Target, client_json_parser, make_session, run_load
@@ -273,7 +274,7 @@ async def _one_run(cfg, session, specs, level, rep, tokenizer, tolerance: int, w
 
     records: list = []
     idle = await hostload.sample_runnable()  # the machine's load from others, our server idle
-    n_workers = cfg.workers or default_workers(hostload.cores(), hostload.background(idle)["background_runnable"])
+    n_workers = cfg.workers or default_workers(usable_cores(), hostload.background(idle)["background_runnable"])
     check = _capacity_check(cfg, level, rate, n_workers, warm, machine or {}) if rep == 0 else None
     server = hostload.server_pids(cfg.target.base_url)
     stamps_after = await server_stamps.cursor(session, cfg.target.base_url)  # None: no http_ttft middleware

@@ -23,7 +23,8 @@ from functools import partial
 
 from ...errors import UnsupportedError, one_line
 from .limit_bracket import MAX_TRACES, ReplayPoint, largest_fitting
-from .side_by_side import can_fork, side_by_side, usable_cores
+from ...env import usable_cores
+from .side_by_side import can_fork, side_by_side
 from .step_verdict import REPLAY_MARGIN
 from .trace_synthesis import ANCHORS, synthesized_trace
 

@@ -20,14 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def can_fork() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "fork")
 
