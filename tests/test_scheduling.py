@@ -5,6 +5,7 @@ longest units ran last)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,13 +20,15 @@ def test_workers_queue_the_longest_units_first(pytester, monkeypatch):
     shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
     tests = pytester.mkdir("tests")
     # alphabetical (collection) order: a_short, drift, estimate_uncertainty; LONGEST says the other way
-    for name in ("test_a_short", "test_drift", "test_estimate_uncertainty"):  # each says its vLLM setting
+    keys = ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS")
+    for name in ("test_a_short", "test_drift", "test_estimate_uncertainty"):  # each says what it inherited
         (tests / f"{name}.py").write_text(
-            "import os\n\ndef test_it():\n    worker = os.environ['PYTEST_XDIST_WORKER']\n"
+            "import json, os\n\ndef test_it():\n    worker = os.environ['PYTEST_XDIST_WORKER']\n"
             f"    open(os.path.join({str(pytester.path)!r}, worker + '-{name}'), 'w')"
-            ".write(os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING', 'unset'))\n")
+            f".write(json.dumps({{k: os.environ.get(k) for k in {keys!r}}}))\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    for key in keys:
+        monkeypatch.delenv(key, raising=False)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadscope",
                                            "--no-loadscope-reorder", "-v", "tests")
     result.assert_outcomes(passed=3)
@@ -37,10 +40,12 @@ def test_workers_queue_the_longest_units_first(pytester, monkeypatch):
     # (which worker takes it is xdist's choice: its first node gets a second unit at once)
     assert sorted(names[0] for names in by_worker.values()) == ["test_drift", "test_estimate_uncertainty"], ran
     assert sorted(sum(by_worker.values(), [])) == ["test_a_short", "test_drift", "test_estimate_uncertainty"], ran
-    # every worker's environment, which the vLLM servers it starts inherit, runs vLLM's worker in-process
+    # every worker's environment, which the vLLM servers it starts inherit: vLLM's worker in-process, one
+    # OpenMP thread
     for worker, names in by_worker.items():
         for name in names:
-            assert (pytester.path / f"{worker}-{name}").read_text() == "0", (worker, name)
+            seen = json.loads((pytester.path / f"{worker}-{name}").read_text())
+            assert seen == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}, (worker, name)
 
 
 def _tree(pytester, monkeypatch, files: dict[str, str]) -> None:
