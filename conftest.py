@@ -192,15 +192,16 @@ def pytest_xdist_make_scheduler(config, log):
 #   gate`, or as a plain outside process) runs its model worker inside the engine-core process, two
 #   processes instead of three. vLLM's CPU platform only forces its multiprocess executor while this is 1
 #   (vllm/platforms/cpu.py, 0.32.0); the API server keeps its engine core in a process of its own either
-#   way, so a server is still a process group with a child for the teardown tests. Measured on the 2-core
-#   box under a test run's load: a start takes 21-23 CPU-s instead of 32-34, 22-25 s to healthy instead
-#   of 36, and 2.85 GiB instead of 3.47.
+#   way, so a server is still a process group with a child for the teardown tests.
 # - OMP_NUM_THREADS=1: that in-process worker keeps torch's two threads (vLLM's cut to one is refused once
 #   the CPU worker has taken over torch.set_num_threads), and two spinning OpenMP threads beside other
-#   work are ruinous: SmolLM2-135M fp32, 8 x 64 tokens at c=4, 80 tok/s quiet but 9-16 tok/s beside two
-#   busy processes, against 35-39 for the multiprocess executor's one bound thread. One thread a process
-#   is also what the quantize step and the real-model tests already chose for the pytest processes and
-#   their children, three xdist workers sharing two cores.
+#   work serve at a fraction of the speed. One thread a process is also what the quantize step and the
+#   real-model tests already chose for the pytest processes and their children, three xdist workers
+#   sharing two cores.
+# benchmarks/serving/vllm_cpu_layout.py measures the layouts (measurements/serving/vllm-cpu-layout.json,
+# the 2-core box): in-process with one thread starts in 20-25 s and 20-24 CPU-s against 30-40 s and 32-42
+# for vLLM's default, holds 3.2 GiB against 3.8, and serves SmolLM2 beside two busy processes at 26-30
+# tok/s against 18-24 (in-process with two threads: 7-9).
 TEST_RUN_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
 for _name, _value in TEST_RUN_ENV.items():
     os.environ.setdefault(_name, _value)
