@@ -7,7 +7,6 @@ import pytest
 from harness.memory.fit.budget import fits, plan
 from harness.memory.fit.shape import model_shape
 from harness.errors import UsageError
-from harness.memory.tracking.measure import MemoryTracker
 
 
 # Run in a fresh process: in a pytest worker two other things move the resident size while the block

@@ -51,7 +51,7 @@ def test_gate_passes_vllm_against_itself(baseline_path, server_pool, serving_dir
     every metric is decided; green only on OK (exit 0). UNDECIDED (exit 3) fails: the suite could
     not establish it, and says what more it needed. Up to 60 blocks, within the 420 s budget: on the
     2-core box two A/A gates in a row stopped UNDECIDED at 30 blocks (96 s), ttft_p50 "about 35 more
-    blocks" from deciding; a quiet box decides in 9-22."""
+    blocks" from deciding; against a fresh server six decided in 8-22."""
     served = server_pool.use("new")
     w, concurrency = gate_workload
     proc = _cli("gate", "--baseline-endpoint", served.base_url, "--candidate-endpoint", served.base_url,
