@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -51,29 +52,43 @@ def _tokens_per_s(base_url: str, specs: list[RequestSpec]) -> float:
     return round(tokens / result.duration_s, 1)
 
 
-def _one(python: str, model: Path, specs: list[RequestSpec], env: dict) -> dict:
-    saved = {k: os.environ.get(k) for k in env}
-    for key, value in env.items():  # launch_vllm starts from this process's environment
-        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+@contextlib.contextmanager
+def _environment(changes: dict):
+    """This process's environment with `changes` (None: unset), which launch_vllm starts the server
+    from; put back as it was afterwards."""
+    saved = {key: os.environ.get(key) for key in changes}
+
+    def apply(values: dict) -> None:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    apply(changes)
     try:
-        started = time.monotonic()
-        with launch_vllm(python, model, FLAGS, log_dir=ROOT / "reports" / "logs", served_model_name=NAME) as server:
-            up_s = time.monotonic() - started
-            cpu_s = hostload.cpu_times({server.pid}, set()).watched_s  # the server's tree, reaped children too
-            row = {"healthy_s": round(up_s, 1), "startup_cpu_s": None if cpu_s is None else round(cpu_s, 1),
-                   "rss_gib": round(group_rss(server.pid) / 2**30, 2),
-                   "quiet_tok_s": [_tokens_per_s(server.base_url, specs) for _ in range(2)]}
-            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-            try:
-                row["beside_two_busy_tok_s"] = [_tokens_per_s(server.base_url, specs) for _ in range(2)]
-            finally:
-                for hog in hogs:
-                    hog.kill()
-                    hog.wait()
-        return row
+        yield
     finally:
-        for key, value in saved.items():
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        apply(saved)
+
+
+def _one(python: str, model: Path, specs: list[RequestSpec], env: dict) -> dict:
+    started = time.monotonic()
+    with _environment(env), launch_vllm(python, model, FLAGS, log_dir=ROOT / "reports" / "logs",
+                                        served_model_name=NAME) as server:
+        up_s = time.monotonic() - started
+        cpu_s = hostload.cpu_times({server.pid}, set()).watched_s  # the server's tree, reaped children too
+        row = {"healthy_s": round(up_s, 1), "startup_cpu_s": None if cpu_s is None else round(cpu_s, 1),
+               "rss_gib": round(group_rss(server.pid) / 2**30, 2),
+               "quiet_tok_s": [_tokens_per_s(server.base_url, specs) for _ in range(2)]}
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+        try:
+            row["beside_two_busy_tok_s"] = [_tokens_per_s(server.base_url, specs) for _ in range(2)]
+        finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
+    return row
 
 
 def main(argv=None) -> int:
