@@ -7,6 +7,7 @@ vllm_plan, gguf, offload and both matrices.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -269,9 +270,25 @@ def _generic_dims(config: dict) -> ModelShape:
     )
 
 
+_META_SHAPES: dict[str, ModelShape] = {}  # canonical config JSON -> its shape, the newest last
+_META_SHAPES_KEPT = 64
+
+
 def shape_from_meta(config: dict) -> ModelShape:
     """Unknown architecture: build it on the meta device (in bf16, the dtype it is run in), count its
-    parameters, and read its generation cache's layout from one forward there (imports torch)."""
+    parameters, and read its generation cache's layout from one forward there (imports torch).
+    Remembered by the config's content: the forward costs 0.2-1 s, and a table or a sweep asks for
+    the same config once a row."""
+    key = json.dumps(config, sort_keys=True, default=repr)
+    if key not in _META_SHAPES:
+        shape = _shape_from_meta(config)
+        if len(_META_SHAPES) >= _META_SHAPES_KEPT:
+            del _META_SHAPES[next(iter(_META_SHAPES))]
+        _META_SHAPES[key] = shape
+    return _META_SHAPES[key]
+
+
+def _shape_from_meta(config: dict) -> ModelShape:
     base = _generic_dims(config)
     try:
         import torch
