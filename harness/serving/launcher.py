@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ..errors import HarnessError
 from .process_group import STOP_GRACE_S, can_die_with_parent, die_with_parent, stop_group, watch
@@ -126,6 +126,15 @@ class ServerProcess:
     model: str | None = None
     startup: StartupInfo = field(default_factory=StartupInfo)
     _proc: subprocess.Popen | None = None
+    _until_healthy: Callable[[], None] | None = None  # set while a start that did not wait is pending
+
+    def wait_healthy(self) -> "ServerProcess":
+        """For a start with wait=False: block until /health answers (ServerStartError as a start
+        that waits would raise); at once when already waited for."""
+        if self._until_healthy is not None:
+            wait, self._until_healthy = self._until_healthy, None
+            wait()
+        return self
 
     def log_text(self) -> str:
         try:
@@ -165,7 +174,10 @@ def start_process(
     name: str = "server",
     health_path: str = "/health",
     progress: bool = True,
+    wait: bool = True,
 ) -> Iterator[ServerProcess]:
+    """`wait`: yield once /health answers; False: yield the process at once, and the caller waits
+    with server.wait_healthy() (several servers started side by side, each from this thread)."""
     log_path = Path(log_path or tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     base_url = f"http://127.0.0.1:{port}"
@@ -180,8 +192,9 @@ def start_process(
                                 preexec_fn=die_with_parent if can_die_with_parent() else None)
     watch(proc)
     server = ServerProcess(base_url=base_url, port=port, pid=proc.pid, log_path=log_path, command=list(command), _proc=proc)
-    try:
-        started = time.monotonic()
+    started = time.monotonic()
+
+    def until_healthy() -> None:
         last_note = 0.0
         while True:
             code = proc.poll()
@@ -202,6 +215,11 @@ def start_process(
         server.startup.startup_s = round(time.monotonic() - started, 1)
         if progress:
             print(f"{name} ready on {base_url} after {server.startup.startup_s:.0f} s", file=sys.stderr, flush=True)
+
+    server._until_healthy = until_healthy
+    try:
+        if wait:
+            server.wait_healthy()
         yield server
     finally:
         stop_group(proc)
@@ -259,9 +277,11 @@ def launch_vllm(
     startup_timeout_s: float = 600.0,
     served_model_name: str | None = None,
     http_ttft: bool = False,
+    wait: bool = True,
 ) -> Iterator[ServerProcess]:
     """vLLM's OpenAI server from interpreter `python` (its own venv), on 127.0.0.1:<free port>.
-    `http_ttft`: add the harness's middleware that stamps the TTFT at the HTTP layer (http_ttft.py)."""
+    `http_ttft`: add the harness's middleware that stamps the TTFT at the HTTP layer (http_ttft.py).
+    `wait`: as start_process's."""
     python = Path(python)
     if not python.exists():
         raise ServerStartError(f"vLLM interpreter {python} does not exist")
@@ -280,7 +300,8 @@ def launch_vllm(
     if log_dir is not None:
         log_path = Path(log_dir) / f"vllm-{port}.log"
     with start_process(command, port=port, env=full_env, log_path=log_path,
-                       startup_timeout_s=startup_timeout_s, name=f"vLLM ({python.parent.parent.name})") as server:
+                       startup_timeout_s=startup_timeout_s, name=f"vLLM ({python.parent.parent.name})",
+                       wait=wait) as server:
         server.flags = list(flags)
         server.model = served_model_name or str(model_dir)
         yield server

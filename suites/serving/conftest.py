@@ -1,9 +1,12 @@
 """Server fixtures for the serving suite.
 
-Starting vLLM on CPU costs about a minute, and two at once would compete for the same cores, so
-one session-wide pool keeps at most one server alive and starts each kind once if the tests run
-in file order: the old version (upgrade baseline), the new one, then the new one restarted with
---max-num-seqs 1 (the slowdown the gate must catch, and the server killed mid-run at the end).
+Starting vLLM on CPU costs 15-25 s of one core, mostly importing it in two processes. The
+session-wide pool starts each kind of server once: the old version (upgrade baseline), the new one,
+the new one with --max-num-seqs 1 (the slowdown the gate must catch, and the server killed mid-run),
+and the new one with the HTTP-layer TTFT middleware. On the CPU build, where an idle server takes no
+core (0.35 CPU-s in 20 s, measured) and memory allows, the kinds the selected tests declare
+(`server_kinds` marker) start side by side at the first one's use and stay up: the starts share the
+cores instead of following each other. With a GPU, or where memory is short, one server at a time.
 With --endpoint the suite targets that server as "new": --model names the served model (checked
 against /v1/models before anything runs), prompts are measured with the server's own tokenizer
 unless --model is also a local directory, and what needs a restart, or would crash, kill or
@@ -13,6 +16,7 @@ overload the server (`destructive`), skips.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +48,8 @@ GATE_REPEATS = 3
 
 def pytest_configure(config):
     """--endpoint with a --model the server does not serve: one usage line before anything runs."""
+    config.addinivalue_line("markers", "server_kinds(*kinds): the pool's servers (KINDS) a test uses: "
+                            "the pool starts the kinds of the selected tests side by side")
     run = run_state(config)
     settings = run.settings if run is not None else None
     if settings is None or not settings.endpoint:
@@ -86,49 +92,95 @@ class Served:
         return self.specs(Workload(input_len=n_in, output_len=n_out, num_prompts=1, seed=seed))[0]
 
 
+# Beside its KV cache space and its weights, what one vLLM CPU server of a tiny model holds: its
+# two processes peaked at 1.7 GB resident on the 2-core box (torch and vLLM imported in each).
+SERVER_RUNTIME_BYTES = 2 * 2**30
+
+
 class ServerPool:
-    def __init__(self, settings, model_dir: Path, log_dir: Path, gpu=None):
+    def __init__(self, settings, model_dir: Path, log_dir: Path, gpu=None, planned: tuple[str, ...] = ()):
         self.settings, self.model_dir, self.log_dir = settings, model_dir, log_dir
         self.gpu = gpu  # harness.memory.fit.gpus.Gpu of cuda:0, for the KV plan of a CUDA vLLM
-        self._stack: contextlib.ExitStack | None = None
-        self._current: Served | None = None
+        self.planned = planned  # the kinds the selected tests declare, in their order
+        self._up: dict[str, tuple[contextlib.ExitStack | None, Served]] = {}
         self.started: list[str] = []
 
     def use(self, kind: str) -> Served:
         if self.settings.endpoint:
             if kind != "new":
                 pytest.skip(f"--endpoint given: cannot start the {kind!r} server")
-            if self._current is None:
+            if "new" not in self._up:
                 model = resolve_served_model(self.settings.endpoint, self.settings.served_model)
                 # Only a --model that is itself a local directory gives a tokenizer; never guess one.
                 local = Path(self.settings.model) if self.settings.model else None
                 tokenizer = local if local and (local / "tokenizer.json").is_file() else None
-                self._current = Served("new", self.settings.endpoint, model.name, tokenizer,
-                                       max_model_len=model.max_model_len or MAX_MODEL_LEN)
-            return self._current
-        if self._current is not None and self._current.kind == kind:
-            if self._current.process.alive():
-                return self._current
-        self.stop()
-        python_attr, flags = KINDS[kind]
-        python = getattr(self.settings, python_attr)
-        if python is None:
+                self._up["new"] = (None, Served("new", self.settings.endpoint, model.name, tokenizer,
+                                                max_model_len=model.max_model_len or MAX_MODEL_LEN))
+            return self._up["new"][1]
+        if kind in self._up:
+            if self._up[kind][1].process.alive():
+                return self._up[kind][1]
+            self.stop(kind)
+        if self._python(kind) is None:
+            python_attr = KINDS[kind][0]
             pytest.skip(f"no vLLM interpreter for the {kind!r} server ({python_attr.replace('_', '-')} not set, venv missing)")
-        self._stack = contextlib.ExitStack()
-        process = self._stack.enter_context(launch_vllm(python, self.model_dir, flags, log_dir=self.log_dir,
-                                                        served_model_name=self.model_dir.name,
-                                                        http_ttft=kind in HTTP_TTFT_KINDS))
-        self.started.append(kind)
-        self._current = Served(kind, process.base_url, self.model_dir.name, self.model_dir, process)
-        record_kv_plan(self.log_dir.parent / "kv_plan.json", kind, process, self.model_dir, self.gpu)
-        return self._current
+        beside = [k for k in dict.fromkeys(self.planned)
+                  if k != kind and k not in self._up and k not in self.started and self._python(k) is not None]
+        if not self._side_by_side([kind, *beside]):
+            self.stop()
+            beside = []
+        self._start([kind, *beside])
+        return self._up[kind][1]
 
-    def stop(self) -> None:
+    def _python(self, kind: str):
+        return getattr(self.settings, KINDS[kind][0])
+
+    def _side_by_side(self, kinds: list[str]) -> bool:
+        """Whether these start beside what is up: CPU builds only (a CUDA vLLM asks its share of the
+        whole card), and the memory they need available."""
+        from harness.serving import gate_servers
+
+        if self.gpu is not None or not all(gate_servers.cpu_build(self._python(k)) for k in kinds):
+            return False
+        weights = sum(f.stat().st_size for f in self.model_dir.iterdir() if f.suffix in (".safetensors", ".bin"))
+        kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1) * 2**30  # the launcher's 1 GiB unless set
+        return len(kinds) * (kv + weights + SERVER_RUNTIME_BYTES) <= gate_servers.meminfo("MemAvailable")
+
+    def _start(self, kinds: list[str]) -> None:
+        """Start every kind at once, then wait for each. The first kind's failed start is the
+        caller's error (and stops the others); another's is its own test's, at its own start."""
+        pending: list[tuple[str, contextlib.ExitStack, ServerProcess]] = []
+        try:
+            for kind in kinds:
+                stack = contextlib.ExitStack()
+                pending.append((kind, stack, stack.enter_context(launch_vllm(
+                    self._python(kind), self.model_dir, KINDS[kind][1], log_dir=self.log_dir, wait=False,
+                    served_model_name=self.model_dir.name, http_ttft=kind in HTTP_TTFT_KINDS))))
+            for i, (kind, stack, process) in enumerate(pending):
+                try:
+                    process.wait_healthy()
+                except HarnessError:
+                    if i == 0:
+                        raise
+                    stack.close()
+                    continue
+                self.started.append(kind)
+                self._up[kind] = (stack, Served(kind, process.base_url, self.model_dir.name, self.model_dir, process))
+                record_kv_plan(self.log_dir.parent / "kv_plan.json", kind, process, self.model_dir, self.gpu)
+        except BaseException:
+            for kind, stack, _ in pending:
+                self._up.pop(kind, None)
+                stack.close()
+            raise
+
+    def stop(self, kind: str | None = None) -> None:
+        """Stop that kind's server, or every one (None)."""
         if self.settings.endpoint:
             return  # never stop what we did not start
-        if self._stack is not None:
-            self._stack.close()
-        self._stack, self._current = None, None
+        for k in [kind] if kind is not None else list(self._up):
+            stack, _ = self._up.pop(k, (None, None))
+            if stack is not None:
+                stack.close()
 
 
 @pytest.fixture(scope="session")
@@ -159,8 +211,10 @@ def cuda_card(environment):
 
 
 @pytest.fixture(scope="session")
-def server_pool(settings, serving_model_dir, serving_dir, show_progress, harness_env):
-    pool = ServerPool(settings, serving_model_dir, serving_dir / "logs", cuda_card(harness_env))
+def server_pool(request, settings, serving_model_dir, serving_dir, show_progress, harness_env):
+    planned = tuple(kind for item in request.session.items
+                    if (mark := item.get_closest_marker("server_kinds")) for kind in mark.args)
+    pool = ServerPool(settings, serving_model_dir, serving_dir / "logs", cuda_card(harness_env), planned)
     yield pool
     pool.stop()
 

@@ -13,7 +13,7 @@ from harness.serving import metrics
 from harness.serving.client import RequestSpec, run_load
 from harness.serving.workload import Workload
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone]  # measures time or contention: scripts/test runs it after the rest, alone
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone, pytest.mark.server_kinds("old", "new")]  # measures time or contention: scripts/test runs it after the rest, alone
 
 
 @pytest.fixture(scope="module", params=["old", "new"])

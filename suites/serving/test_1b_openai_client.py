@@ -15,7 +15,7 @@ from harness.serving.client import run_load
 from harness.serving.stats import percentile
 from harness.serving.workload import Workload
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone]  # measures time or contention: scripts/test runs it after the rest, alone
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone, pytest.mark.server_kinds("new")]  # measures time or contention: scripts/test runs it after the rest, alone
 
 openai = pytest.importorskip("openai")
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.alone  # measures time or contention: scripts/test runs it after the rest, alone
+pytestmark = [pytest.mark.alone, pytest.mark.server_kinds("new")]  # measures time or contention: scripts/test runs it after the rest, alone
 
 GPU_TOLERANCE_PCT = 3.0
 

@@ -19,7 +19,7 @@ import pytest
 
 from harness.serving import results
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone]  # measures time or contention: scripts/test runs it after the rest, alone
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone, pytest.mark.server_kinds("new")]  # measures time or contention: scripts/test runs it after the rest, alone
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,9 +113,10 @@ def test_engine_crash_mid_stream_is_never_counted_as_success(server_pool, record
     record.row("Engine faults", {"server": served.kind, "seeded burst": dict(errors), "/health after": health,
                                  "real request after": probe.error or "ok", "log": "; ".join(cause[:1])})
     assert (health == 200) == probe.answered, f"/health says {health} but a real request got {probe.error}"
-    server_pool.stop()  # a dead engine is no use to anyone after this
+    server_pool.stop("new")  # a dead engine is no use to anyone after this
 
 
+@pytest.mark.server_kinds("new-max-num-seqs-1")
 @pytest.mark.destructive  # restarts the server with other flags
 def test_gate_catches_max_num_seqs_1(baseline_path, server_pool, gate_bench, serving_dir, record):
     served = server_pool.use("new-max-num-seqs-1")
@@ -136,6 +137,7 @@ def test_gate_catches_max_num_seqs_1(baseline_path, server_pool, gate_bench, ser
     assert _cli("report", str(baseline_path), str(slow), "--compare", "--out", str(report)).returncode == 0
 
 
+@pytest.mark.server_kinds("new-max-num-seqs-1")
 @pytest.mark.destructive
 def test_server_killed_mid_run_gives_failed_requests_and_a_report(server_pool, serving_dir, record):
     served = server_pool.use("new-max-num-seqs-1")  # one request at a time: a long, killable run

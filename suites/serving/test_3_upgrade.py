@@ -14,7 +14,7 @@ from harness.serving import compare as cmp
 from harness.serving import results
 from harness.serving import upgrade_kv
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone]  # measures time or contention: scripts/test runs it after the rest, alone
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone, pytest.mark.server_kinds("old", "new")]  # measures time or contention: scripts/test runs it after the rest, alone
 
 
 def test_upgrade_rehearsal_report(gate_results, server_pool, gate_bench, serving_dir, serving_model_dir, record):

@@ -15,7 +15,7 @@ import pytest
 from harness.atomic import write_json
 from harness.serving.workload import Workload
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone]  # measures time or contention: scripts/test runs it after the rest, alone
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alone, pytest.mark.server_kinds("new-http-ttft")]  # measures time or contention: scripts/test runs it after the rest, alone
 
 WORKLOAD = Workload(input_len=64, output_len=16, num_prompts=12, seed=11)
 # The client's excess at c=1: its send path, loopback and parsing; 1.0 ms p50 on the 2-core box,
