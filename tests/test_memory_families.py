@@ -29,6 +29,17 @@ def test_config_layout_equals_the_meta_device_count(name):
         sorted((g.kind, g.in_features, g.out_features, g.count) for g in meta.linears)
 
 
+def test_a_meta_shape_is_remembered_by_the_configs_content_not_its_identity():
+    """shape_from_meta keeps what one meta forward counted: an equal config (another dict, keys in
+    another order) gets it again; one field changed is counted anew."""
+    config, _ = load_config("gemma-3-1b")
+    first = shape_from_meta(config)
+    assert shape_from_meta(dict(reversed(list(config.items())))) is first
+    deeper = shape_from_meta({**config, "num_hidden_layers": config["num_hidden_layers"] + 1})
+    assert deeper is not first and deeper.layers == first.layers + 1
+    assert deeper.total_params > first.total_params and len(deeper.cache) == len(first.cache) + 1
+
+
 def test_traits_read_from_the_configs():
     g2, g3, q3, llama = (model_shape(n).traits for n in ("gemma-2-2b", "gemma-3-1b", "qwen3-1.7b", "llama-3.2-1b"))
     assert (g2.attention, g2.attn_softcap, g2.final_softcap, g2.norms_per_layer) == ("eager", 50.0, 30.0, 4)
