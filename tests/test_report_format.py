@@ -83,3 +83,24 @@ def test_serving_verdict_regressed_inconclusive_not():
 def test_an_interrupted_run_says_so_first():
     cards = verdicts.for_run(_results(["passed"], status="interrupted"))
     assert cards[0].answer == "Interrupted"
+
+
+def test_the_results_file_after_each_test_is_the_document_so_far(tmp_path):
+    """RunResults writes after every test without encoding the earlier ones again: each file on the
+    way is valid JSON equal to to_dict() (non-finite numbers as strings), and the last is indented."""
+    import json
+    import math
+
+    from harness.report.results import RunResults, TestResult
+
+    run = RunResults(path=tmp_path / "r.json", suite="t", environment={"gpu": None}, settings={"x": 1})
+    run.add_row("table", {"ratio": math.inf})
+    for i, record in enumerate(({}, {"peak": math.nan, "path": tmp_path}, {"rows": [1, (2, 3)]})):
+        run.add_test(TestResult(f"t.py::test_{i}", "passed", 0.1 * i, record=record))
+        on_disk = json.loads(run.path.read_text())
+        assert on_disk == json.loads(json.dumps(run.to_dict() | {"updated": on_disk["updated"]}, default=str))
+        assert [t["nodeid"] for t in on_disk["tests"]] == [f"t.py::test_{j}" for j in range(i + 1)]
+    assert on_disk["tests"][1]["record"] == {"peak": "nan", "path": str(tmp_path)}
+    assert on_disk["tables"]["table"] == [{"ratio": "inf"}] and on_disk["status"] == "running"
+    run.finish(interrupted=False)
+    assert json.loads(run.path.read_text())["status"] == "finished" and "\n " in run.path.read_text()
