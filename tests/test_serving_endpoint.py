@@ -102,10 +102,11 @@ SUBSET = ("suites/serving/test_1_vllm_behaviour.py", "suites/serving/test_1b_ope
           "suites/serving/test_2_gate.py::test_server_killed_mid_run_gives_failed_requests_and_a_report")
 
 
+# Not `alone`: it asserts what the server and the suite do, not a time (the inner suite's bounds are
+# seconds wide: beside three busy processes on the 2-core box it passed in 41-43 s, 30 s quiet).
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-@pytest.mark.alone
 def test_an_outside_server_survives_the_serving_suite(settings, tiny_model_dir, tmp_path, record, show_progress):
     if settings.vllm_python is None:
         pytest.skip("no vLLM interpreter to start the outside server")
