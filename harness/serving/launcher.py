@@ -77,7 +77,8 @@ _PHASES = (
     (re.compile(r"Initializing a V1 LLM engine|Initializing an LLM engine"), "starting the engine"),
     (re.compile(r"Starting to load model|Loading (?:safetensors|weights)"), "loading weights"),
     (re.compile(r"Model loading took"), "profiling memory"),
-    (re.compile(r"torch\.compile|Compiling a graph|Dynamo bytecode transform"), "torch.compile"),
+    # not vLLM's "Enforce eager set, disabling torch.compile, ..." (logged first thing on the CPU build)
+    (re.compile(r"(?<!disabling )torch\.compile|Compiling a graph|Dynamo bytecode transform"), "torch.compile"),
     (re.compile(r"KV cache size|Available KV cache memory"), "KV cache sized"),
     (re.compile(r"Capturing CUDA graph|cudagraph capturing|Graph capturing"), "capturing CUDA graphs"),
     (re.compile(r"Graph capturing finished|init engine .* took"), "starting the API server"),
