@@ -37,16 +37,16 @@ PARENT = """
 import json, signal, sys, threading, time
 from harness.serving.launcher import free_port, start_process
 from harness.serving.standin import run_standin
-kind, where, then, stubborn = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+kind, where, then, stubborn, logs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, also when started in the background
 
 def serve():
     if kind == "standin":
-        server = run_standin()
+        server = run_standin(log_dir=logs)
     else:
         port = free_port()
         server = start_process([sys.executable, "-c", stubborn, str(port)], port=port, health_path="/",
-                               startup_timeout_s=120, name="stubborn", progress=False)
+                               startup_timeout_s=120, name="stubborn", progress=False, log_path=f"{logs}/stubborn.log")
     with server as s:
         print(json.dumps({"pgid": s.pid}), flush=True)
         time.sleep(600)
@@ -68,7 +68,7 @@ from harness.serving.standin import run_standin
 
 @pytest.fixture
 def standin():
-    with run_standin() as server:
+    with run_standin(log_dir=os.path.dirname(os.environ["TEARDOWN_MARK"])) as server:
         yield server
     open(os.environ["TEARDOWN_MARK"], "w").close()
 
@@ -106,8 +106,8 @@ def env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 
-def start_parent(kind: str, where: str, then: str = "") -> tuple[subprocess.Popen, int]:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, kind, where, then, STUBBORN_SERVER], cwd=ROOT, env=env(),
+def start_parent(logs: Path, kind: str, where: str, then: str = "") -> tuple[subprocess.Popen, int]:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, kind, where, then, STUBBORN_SERVER, str(logs)], cwd=ROOT, env=env(),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = parent.stdout.readline()
     if not line:
@@ -126,8 +126,8 @@ def start_parent(kind: str, where: str, then: str = "") -> tuple[subprocess.Pope
     (signal.SIGINT, "main", "standin"),     # Ctrl-C: KeyboardInterrupt unwinds the `with` (stop_group)
 ], ids=["sigkill-main-standin", "sigkill-thread-standin", "sigkill-main-stubborn", "sigterm-thread-standin",
         "sigint-main-standin"])
-def test_server_group_dies_with_its_parent_process(sig, where, kind):
-    parent, pgid = start_parent(kind, where)
+def test_server_group_dies_with_its_parent_process(sig, where, kind, tmp_path):
+    parent, pgid = start_parent(tmp_path, kind, where)
     try:
         parent.send_signal(sig)
         parent.wait(timeout=30)
@@ -137,8 +137,8 @@ def test_server_group_dies_with_its_parent_process(sig, where, kind):
         parent.wait()
 
 
-def test_server_group_dies_on_a_normal_exit_that_left_it_running():
-    parent, pgid = start_parent("stubborn", "thread", then="exit")
+def test_server_group_dies_on_a_normal_exit_that_left_it_running(tmp_path):
+    parent, pgid = start_parent(tmp_path, "stubborn", "thread", then="exit")
     try:
         parent.stdin.write("\n")
         parent.stdin.flush()

@@ -24,7 +24,8 @@ def _gate(*args: str) -> subprocess.CompletedProcess:
 
 def test_a_planted_delay_is_regressed_and_the_a_a_is_not(tmp_path):
     noise = tmp_path / "noise.json"
-    with run_standin(ttft_ms=20, token_interval_ms=5) as fast, run_standin(ttft_ms=80, token_interval_ms=5) as slow:
+    with run_standin(ttft_ms=20, token_interval_ms=5, log_dir=tmp_path) as fast, \
+            run_standin(ttft_ms=80, token_interval_ms=5, log_dir=tmp_path) as slow:
         proc = _gate("--baseline-endpoint", fast.base_url, "--candidate-endpoint", slow.base_url, *SMALL,
                      "--max-blocks", "6", "--noise-model", "none", "--ramp-up", "0.05", "--out", str(tmp_path / "ab.json"))
         last = proc.stdout.splitlines()[-1]

@@ -29,7 +29,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_summary_block_uses_vllms_names_and_the_runs_figures(tmp_path):
     out = tmp_path / "b.json"
-    with run_standin(ttft_ms=20, token_interval_ms=5, tokenize=True) as server:
+    with run_standin(ttft_ms=20, token_interval_ms=5, tokenize=True, log_dir=tmp_path) as server:
         proc = _bench("--endpoint", server.base_url, "--model", "standin", "--concurrency", "2", "--num-prompts", "8",
                       "--input-len", "32", "--output-len", "6", "--repeats", "2", "--slo", "ttft_ms=500",
                       "--out", str(out), "-q")
@@ -74,7 +74,7 @@ def test_datasets_draw_the_lengths_they_promise():
     assert Workload(input_len=64, output_len=8, num_prompts=2).to_json().get("dataset") is None  # old fingerprints hold
 
 
-def test_a_prefix_is_shared_across_every_drawn_length():
+def test_a_prefix_is_shared_across_every_drawn_length(tmp_path):
     workload = Workload(input_len=120, output_len=4, num_prompts=12, seed=3,
                         **datasets.workload_fields("sharegpt-synthetic", 120, 40, 0.5))
 
@@ -87,7 +87,7 @@ def test_a_prefix_is_shared_across_every_drawn_length():
         finally:
             await session.close()
 
-    with run_standin(tokenize=True) as server:
+    with run_standin(tokenize=True, log_dir=tmp_path) as server:
         specs = asyncio.run(build())
     assert len({s.requested_input_tokens for s in specs}) > 3  # several lengths
     assert all(s.input_tokens == s.requested_input_tokens for s in specs)
