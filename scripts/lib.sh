@@ -92,10 +92,9 @@ installer_ready() {  # uv set up once (ensure_all_venvs does it before forking; 
 # Bytecode is compiled at install time only in .venv, the one users run directly, where a shell with
 # PYTHONDONTWRITEBYTECODE would otherwise compile every import of every run. The venvs under .venvs/
 # are run by the harness as subprocesses and write their bytecode on first import (scripts/test unsets
-# PYTHONDONTWRITEBYTECODE): a vLLM server imports a fifth of what compiling the whole venv costs.
-# Measured on the 2-core machine, uv's cache warm: the five installs in 30 s and 47 CPU-s without any
-# compiling, 99 s and 188 CPU-s compiling every venv; the first import of vLLM's server then costs
-# 9.1 s instead of 3.8 s (once), of torch + transformers 16.9 s instead of 7.9 s.
+# PYTHONDONTWRITEBYTECODE). Measured on the 2-core machine, uv's cache warm: the five installs in 44 s
+# and 78 CPU-s compiling .venv only, 99 s and 188 CPU-s compiling every venv; the first import of
+# vLLM's server modules then takes 19 CPU-s instead of 8.6 (once a venv).
 compiles_bytecode() { [ "$1" = "$ROOT/.venv" ]; }
 
 venv_install() {  # venv_install VENV ARGS...: pip-style install arguments, into that venv

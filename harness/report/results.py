@@ -124,8 +124,8 @@ class RunResults:
 
     def write(self) -> None:
         """While running, after each test: the tests written before are not encoded again but
-        spliced in as made (re-encoding them all took the xdist controller ~50 CPU-s of a
-        1,600-test run); compact JSON. At the end, the whole document, indented."""
+        spliced in as made (re-encoding them all after each of a fresh run's 1,604 tests took 28
+        CPU-s, in the xdist controller); compact JSON. At the end, the whole document, indented."""
         if self.status == "running" and len(self._test_texts) == len(self.tests):
             head = _compact_json(self.to_dict(tests=False))
             atomic.write_text(self.path, f'{head[:-1]}, "tests": [{", ".join(self._test_texts)}]}}\n')
