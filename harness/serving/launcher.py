@@ -129,13 +129,12 @@ class ServerProcess:
     _proc: subprocess.Popen | None = None
     _until_healthy: Callable[[], None] | None = None  # set while a start that did not wait is pending
 
-    def wait_healthy(self) -> "ServerProcess":
+    def wait_healthy(self) -> None:
         """For a start with wait=False: block until /health answers (ServerStartError as a start
         that waits would raise); at once when already waited for."""
         if self._until_healthy is not None:
             wait, self._until_healthy = self._until_healthy, None
             wait()
-        return self
 
     def log_text(self) -> str:
         try:

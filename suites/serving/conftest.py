@@ -101,7 +101,7 @@ class ServerPool:
     def __init__(self, settings, model_dir: Path, log_dir: Path, gpu=None, planned: tuple[str, ...] = ()):
         self.settings, self.model_dir, self.log_dir = settings, model_dir, log_dir
         self.gpu = gpu  # harness.memory.fit.gpus.Gpu of cuda:0, for the KV plan of a CUDA vLLM
-        self.planned = planned  # the kinds the selected tests declare, in their order
+        self.planned = planned  # the kinds the selected tests declare, each once, in their order
         self._up: dict[str, tuple[contextlib.ExitStack | None, Served]] = {}
         self.started: list[str] = []
 
@@ -124,7 +124,7 @@ class ServerPool:
         if self._python(kind) is None:
             python_attr = KINDS[kind][0]
             pytest.skip(f"no vLLM interpreter for the {kind!r} server ({python_attr.replace('_', '-')} not set, venv missing)")
-        beside = [k for k in dict.fromkeys(self.planned)
+        beside = [k for k in self.planned
                   if k != kind and k not in self._up and k not in self.started and self._python(k) is not None]
         if not self._side_by_side([kind, *beside]):
             self.stop()
@@ -212,8 +212,8 @@ def cuda_card(environment):
 
 @pytest.fixture(scope="session")
 def server_pool(request, settings, serving_model_dir, serving_dir, show_progress, harness_env):
-    planned = tuple(kind for item in request.session.items
-                    if (mark := item.get_closest_marker("server_kinds")) for kind in mark.args)
+    planned = tuple(dict.fromkeys(kind for item in request.session.items
+                                  if (mark := item.get_closest_marker("server_kinds")) for kind in mark.args))
     pool = ServerPool(settings, serving_model_dir, serving_dir / "logs", cuda_card(harness_env), planned)
     yield pool
     pool.stop()
