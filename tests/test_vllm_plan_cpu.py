@@ -11,6 +11,8 @@ server (tests/test_vllm_plan.py).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness.memory.vllm.vllm_servers import server_kv_record
@@ -20,12 +22,20 @@ SETTING = {"env": {"VLLM_CPU_KVCACHE_SPACE": "2"},
            "flags": ["--max-model-len", "1000", "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4"]}
 
 
+def _environ(pid: int) -> dict:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
 def test_cpu_server_kv_tokens_and_concurrency_match_the_prediction_exactly(settings, tiny_model_dir, tmp_path):
     if settings.vllm_python is None:
         pytest.skip("no vLLM interpreter (--vllm-python / HARNESS_VLLM_PYTHON, or .venvs/vllm-*)")
     with launch_vllm(settings.vllm_python, tiny_model_dir, SETTING["flags"], env=SETTING["env"],
                      log_dir=tmp_path, startup_timeout_s=600) as server:
         record = server_kv_record("kv-2gib-len1000-fp32", server, tiny_model_dir)
+        ipc = _environ(server.pid).get("VLLM_RPC_BASE_PATH")
+        assert ipc and any(p.is_socket() for p in Path(ipc).iterdir()), ipc  # vLLM's ZeroMQ sockets are there
+    assert not Path(ipc).exists()  # and went with the server, not left in /tmp
     assert record["device"] == "cpu", record
     assert record["kv_cache_space_gib"] == 2.0
     # 2 GiB / (128 tokens x 2 layers x 2 (K, V) x 2 heads x 64 x 4 bytes) = 8192 blocks;

@@ -299,9 +299,14 @@ def launch_vllm(
     log_path = None
     if log_dir is not None:
         log_path = Path(log_dir) / f"vllm-{port}.log"
-    with start_process(command, port=port, env=full_env, log_path=log_path,
-                       startup_timeout_s=startup_timeout_s, name=f"vLLM ({python.parent.parent.name})",
-                       wait=wait) as server:
+    with contextlib.ExitStack() as stack:
+        # vLLM's ZeroMQ sockets go into a folder that goes with the server (by default each start
+        # leaves its socket files in /tmp); a VLLM_RPC_BASE_PATH of the caller's stands.
+        if "VLLM_RPC_BASE_PATH" not in full_env and "VLLM_RPC_BASE_PATH" not in os.environ:
+            full_env["VLLM_RPC_BASE_PATH"] = stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-vllm-ipc-"))
+        server = stack.enter_context(start_process(
+            command, port=port, env=full_env, log_path=log_path, startup_timeout_s=startup_timeout_s,
+            name=f"vLLM ({python.parent.parent.name})", wait=wait))
         server.flags = list(flags)
         server.model = served_model_name or str(model_dir)
         yield server
