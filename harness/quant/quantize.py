@@ -9,6 +9,7 @@ layer llm-compressor is on, and a heartbeat.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -133,10 +134,12 @@ def worker_logits(python: str | Path, model_dirs: Sequence[Path], input_ids, dev
                  "logits_path": str(work / f"logits-{i}.safetensors")} for i, d in enumerate(model_dirs)]
     if prompts is not None:
         requests = [r | {"prompts": prompts, "max_new_tokens": max_new_tokens} for r in requests]
-    outcomes = _run_requests(python, requests, [f"logits of {d}" for d in model_dirs], log_path, progress, 3600.0, 15.0)
-    values = [load_file(data["logits_path"])["logits"] for data in outcomes]
-    for data in outcomes:
-        Path(data["logits_path"]).unlink(missing_ok=True)
+    try:
+        outcomes = _run_requests(python, requests, [f"logits of {d}" for d in model_dirs], log_path, progress,
+                                 3600.0, 15.0)
+        values = [load_file(data["logits_path"])["logits"] for data in outcomes]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     if prompts is None:
         return values
     return [(v, data["greedy"]) for v, data in zip(values, outcomes)]
@@ -150,6 +153,19 @@ def _run_requests(python, requests: list[dict], names: list[str], log_path: Path
     if not requests:
         return []
     work = Path(tempfile.mkdtemp(prefix="harness-quant-"))
+    try:
+        return _run_in(work, python, requests, names, log_path, progress, timeout_s, heartbeat_s)
+    finally:  # the requests and results go; the log stays where it was asked for, or here if nowhere
+        if log_path:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            for path in work.iterdir():
+                if path.name != "quantize.log":
+                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def _run_in(work: Path, python, requests: list[dict], names: list[str], log_path: Path | None, progress: bool,
+            timeout_s: float, heartbeat_s: float) -> list[dict]:
     log_path = Path(log_path) if log_path else work / "quantize.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     requests = [r | {"result_path": str(work / f"result-{i}.json")} for i, r in enumerate(requests)]
