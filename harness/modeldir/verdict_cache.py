@@ -15,69 +15,29 @@ HARNESS_CHECKDIR_CACHE=0 turns it off. A cache that cannot be read or written is
 
 from __future__ import annotations
 
-import functools
-import gzip
-import hashlib
-import json
-import os
-import tempfile
 from pathlib import Path
 
-from ..env import probe_packages
+from ..disk_cache import DiskCache, versions as installed_versions
 
-FORMAT = 1
-_SOURCES: dict[str, str] = {}
+_CACHE = DiskCache("check-dir", ("torch", "transformers", "jinja2", "safetensors"), switch="HARNESS_CHECKDIR_CACHE")
 
 
-def enabled() -> bool:
-    return os.environ.get("HARNESS_CHECKDIR_CACHE", "1") not in ("0", "off", "no", "false")
+def versions() -> dict[str, str | None]:
+    """The installed versions the verdicts depend on."""
+    return installed_versions(_CACHE.packages)
 
 
 def key(kind: str, what, source_module: str) -> str:
     """kind: "arch" / "template"; what: JSON-able inputs; source_module: a file name in this
     package whose code computes the verdict (its bytes are part of the key)."""
-    blob = {"format": FORMAT, "kind": kind, "what": what, "versions": versions(), "source": _source(source_module)}
-    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=repr).encode()).hexdigest()
-
-
-@functools.lru_cache(maxsize=1)
-def versions() -> dict[str, str | None]:
-    """The installed versions the verdicts depend on (read once a process: importlib.metadata is slow)."""
-    return probe_packages(("torch", "transformers", "jinja2", "safetensors"))
-
-
-def _source(name: str) -> str:
-    if name not in _SOURCES:
-        _SOURCES[name] = hashlib.sha256(Path(__file__).with_name(name).read_bytes()).hexdigest()[:16]
-    return _SOURCES[name]
-
-
-def _path(k: str) -> Path:
-    from ..models import default_cache_dir
-
-    return default_cache_dir() / "check-dir" / f"{k}.json.gz"
+    return _CACHE.key({"kind": kind, "what": what}, [Path(__file__).with_name(source_module)])
 
 
 def load(k: str):
     """The stored value, or None (absent, unreadable, disabled)."""
-    if not enabled():
-        return None
-    try:
-        return json.loads(gzip.decompress(_path(k).read_bytes()))
-    except (OSError, ValueError, EOFError):
-        return None
+    return _CACHE.load(k)
 
 
 def save(k: str, value) -> None:
     """Stored atomically; a cache that cannot be written is skipped."""
-    if not enabled():
-        return
-    path = _path(k)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".verdict-")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(gzip.compress(json.dumps(value).encode(), 3))
-        os.replace(tmp, path)
-    except (OSError, TypeError, ValueError):
-        pass
+    _CACHE.save(k, value)

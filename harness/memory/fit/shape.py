@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UsageError
-from .cache_layout import CacheLayer, layout_from_config, layout_from_meta
+from .cache_layout import CacheLayer, layout_from_config
 from ..family.families import FamilyTraits, traits_from_config
 from ..family.registry import model_types
 from .config_file import load_config, naming_config
+from .meta_count import ParamTally, count_on_meta
 
 KNOWN_FAMILIES = model_types(exact_layout=True)  # family/registry.py
 TIED_BY_DEFAULT = model_types(tied_by_default=True)
@@ -179,37 +180,17 @@ def _read_safetensors_header(path: Path):
         raise UsageError(f"{path.name}: {exc.message}") from None
 
 
-class _ParamTally:
-    """Parameters counted by role, from safetensors headers or a meta-device model alike."""
-
-    def __init__(self) -> None:
-        self.linears: dict[tuple[str, int, int, str], int] = {}
-        self.emb = self.lm_head = self.norm = self.bias = self.norm_t = self.bias_t = 0
-        self.extra_emb = self.experts = 0
-
-    def linear(self, name: str, in_features: int, out_features: int) -> None:
-        """`name`: the module's dotted name (model.layers.0.self_attn.q_proj)."""
-        parts = name.split(".")
-        key = (parts[-1], in_features, out_features, parts[-2] if len(parts) > 1 else "")
-        self.linears[key] = self.linears.get(key, 0) + 1
-
-    def other(self, numel: int, is_bias: bool) -> None:
-        if is_bias:
-            self.bias, self.bias_t = self.bias + numel, self.bias_t + 1
-        else:  # norms and anything else that is not quantized
-            self.norm, self.norm_t = self.norm + numel, self.norm_t + 1
-
-    def shape(self, base: ModelShape, source: str) -> ModelShape:
-        return ModelShape(
-            family=base.family, hidden=base.hidden, intermediate=base.intermediate, layers=base.layers,
-            heads=base.heads, kv_heads=base.kv_heads, head_dim=base.head_dim, vocab=base.vocab,
-            tied=self.lm_head == 0,
-            linears=tuple(LinearGroup(k, i, o, c, par) for (k, i, o, par), c in sorted(self.linears.items())),
-            embedding_params=self.emb, lm_head_params=self.lm_head, norm_params=self.norm,
-            bias_params=self.bias, norm_tensors=self.norm_t, bias_tensors=self.bias_t, source=source,
-            sliding_window=base.sliding_window, traits=base.traits, cache=base.cache,
-            extra_embedding_params=self.extra_emb, expert_params=self.experts,
-        )
+def _counted_shape(tally: ParamTally, base: ModelShape, source: str) -> ModelShape:
+    return ModelShape(
+        family=base.family, hidden=base.hidden, intermediate=base.intermediate, layers=base.layers,
+        heads=base.heads, kv_heads=base.kv_heads, head_dim=base.head_dim, vocab=base.vocab,
+        tied=tally.lm_head == 0,
+        linears=tuple(LinearGroup(k, i, o, c, par) for (k, i, o, par), c in sorted(tally.linears.items())),
+        embedding_params=tally.emb, lm_head_params=tally.lm_head, norm_params=tally.norm,
+        bias_params=tally.bias, norm_tensors=tally.norm_t, bias_tensors=tally.bias_t, source=source,
+        sliding_window=base.sliding_window, traits=base.traits, cache=base.cache,
+        extra_embedding_params=tally.extra_emb, expert_params=tally.experts,
+    )
 
 
 def shape_from_safetensors(config: dict, directory: Path) -> ModelShape | None:
@@ -218,7 +199,7 @@ def shape_from_safetensors(config: dict, directory: Path) -> ModelShape | None:
     if not files:
         return None
     base = shape_from_config(config) if _family(config) in KNOWN_FAMILIES else _meta_cached_dims(config)
-    tally = _ParamTally()
+    tally = ParamTally()
     for file in files:
         for name, info in _read_safetensors_header(file).tensors.items():
             dims = info.shape
@@ -232,7 +213,7 @@ def shape_from_safetensors(config: dict, directory: Path) -> ModelShape | None:
                 if len(dims) == 3 and "expert" in name:  # fused MoE experts (not a Conv1d's 3-D weight)
                     tally.experts += info.numel
                 tally.other(info.numel, is_bias=name.endswith(".bias"))
-    return tally.shape(base, "safetensors")
+    return _counted_shape(tally, base, "safetensors")
 
 
 def _meta_cached_dims(config: dict) -> ModelShape:
@@ -240,7 +221,7 @@ def _meta_cached_dims(config: dict) -> ModelShape:
     rule when the model cannot be built there: its tensors still come from the headers)."""
     base = _generic_dims(config)
     try:
-        return replace(base, cache=layout_from_meta(build_on_meta(config), base.family))
+        return replace(base, cache=count_on_meta(config)[1])
     except UsageError:
         return base
 
@@ -290,69 +271,8 @@ def shape_from_meta(config: dict) -> ModelShape:
 
 def _shape_from_meta(config: dict) -> ModelShape:
     base = _generic_dims(config)
-    try:
-        import torch
-        from transformers.pytorch_utils import Conv1D
-    except ImportError as exc:  # pragma: no cover - torch is a hard dependency
-        raise UsageError(f"unknown architecture needs torch and transformers: {exc}") from None
-    model = build_on_meta(config)
-    tally = _ParamTally()
-    seen: set[int] = set()
-    out_emb = model.get_output_embeddings()
-    in_emb = model.get_input_embeddings()
-    for name, module in model.named_modules():
-        for pname, param in module.named_parameters(recurse=False):
-            if id(param) in seen:
-                continue
-            seen.add(id(param))
-            numel = param.numel()
-            if isinstance(module, torch.nn.Embedding):
-                tally.emb += numel
-                if module is not in_emb:  # Gemma-4's per-layer input tables
-                    tally.extra_emb += numel
-            elif module is out_emb and pname == "weight":
-                tally.lm_head += numel
-            elif module is out_emb:
-                tally.bias += numel
-            elif isinstance(module, torch.nn.Linear) and pname == "weight":
-                tally.linear(name, module.in_features, module.out_features)
-            elif isinstance(module, Conv1D) and pname == "weight":  # GPT-2 style: weight is (in, out)
-                tally.linear(name, param.shape[0], param.shape[1])
-            else:
-                # fused MoE experts: a 3-D nn.Parameter, not an nn.Linear (a Conv1d's weight is 3-D too)
-                if param.dim() == 3 and not isinstance(module, torch.nn.modules.conv._ConvNd):
-                    tally.experts += numel
-                tally.other(numel, is_bias=pname == "bias")
-    layout = layout_from_meta(model, str(config.get("model_type")))
-    return replace(tally.shape(base, "meta"), cache=layout)
-
-
-def build_on_meta(config: dict):
-    """The CausalLM of a config dict on the meta device, bf16; a config transformers refuses is a
-    one-line UsageError naming the reason."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig
-
-    # save_pretrained writes inf as {"__float__": "Infinity"} (Granite-4 hybrid's, Falcon-H1's
-    # time_step_limit); transformers decodes it on load, and so do we
-    data = PreTrainedConfig._decode_special_floats(dict(config))
-    model_type = data.pop("model_type", None)
-    try:
-        cfg = AutoConfig.for_model(model_type, **data)
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    except Exception as exc:  # noqa: BLE001 - whatever transformers raises is the refusal's reason
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-        first = " ".join(lines[:2])
-        if first.startswith("Unrecognized model identifier"):  # followed by every model_type it knows
-            first = f"transformers {_transformers_version()} does not know this model_type"
-        raise UsageError(f"cannot build model_type {model_type!r} on the meta device: {first[:300]}") from None
-
-
-def _transformers_version() -> str:
-    from importlib.metadata import version
-
-    return version("transformers")
+    tally, layout = count_on_meta(config)
+    return replace(_counted_shape(tally, base, "meta"), cache=layout)
 
 
 def model_shape(spec: str | Path | dict) -> ModelShape:
