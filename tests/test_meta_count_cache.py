@@ -54,7 +54,7 @@ def test_other_versions_or_counting_code_count_again(tmp_path, monkeypatch):
     key = meta_count._CACHE.key(CONFIG, meta_count._COUNTING_CODE)
     assert meta_count._CACHE.key(dict(reversed(list(CONFIG.items()))), meta_count._COUNTING_CODE) == key
     changed = tmp_path / "cache_layout.py"
-    changed.write_text(Path(meta_count.__file__).with_name("cache_layout.py").read_text() + "\n# edited\n")
+    changed.write_text(meta_count._COUNTING_CODE[1].read_text() + "\n# edited\n")
     assert meta_count._CACHE.key(CONFIG, (meta_count._COUNTING_CODE[0], changed)) != key
     real = disk_cache.versions(("torch", "transformers"))
     monkeypatch.setattr(disk_cache, "versions", lambda packages: {**real, "transformers": "0.0.1"})
