@@ -45,8 +45,18 @@ def test_a_second_process_reads_the_count_without_torch_and_gets_the_same_shape(
     second = _shape_in_a_new_process(tmp_path)
     assert not second["torch"]  # read back: neither torch nor transformers imported
     assert second["shape"] == first["shape"]
-    off = tmp_path / "off"
-    assert _shape_in_a_new_process(off, HARNESS_META_CACHE="0")["shape"] == first["shape"] and not _stored(off)
+
+
+def test_turned_off_it_neither_reads_nor_writes(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path))
+    tally, layout = meta_count.count_on_meta(CONFIG)
+    (path,) = _stored(tmp_path)
+    path.write_bytes(gzip.compress(json.dumps({"tally": {**tally.to_json(), "emb": 1}, "cache": []}).encode()))
+    assert meta_count.count_on_meta(CONFIG)[0].emb == 1  # read back: a planted count proves the read
+    monkeypatch.setenv("HARNESS_META_CACHE", "0")
+    again, layout_again = meta_count.count_on_meta(CONFIG)
+    assert again.to_json() == tally.to_json() and layout_again == layout  # counted, not read
+    assert json.loads(gzip.decompress(path.read_bytes()))["tally"]["emb"] == 1  # and not written
 
 
 def test_other_versions_or_counting_code_count_again(tmp_path, monkeypatch):
@@ -61,7 +71,8 @@ def test_other_versions_or_counting_code_count_again(tmp_path, monkeypatch):
     assert meta_count._CACHE.key(CONFIG, meta_count._COUNTING_CODE) != key
 
 
-@pytest.mark.parametrize("content", [b"not gzip", gzip.compress(b"{\"tally\": {\"linears\": 3}, \"cache\": []}")])
+@pytest.mark.parametrize("content", [b"not gzip", gzip.compress(b"{\"tally\": {\"linears\": 3}, \"cache\": []}")],
+                         ids=["not-gzip", "foreign-format"])
 def test_an_unreadable_or_foreign_file_is_counted_over(tmp_path, monkeypatch, content):
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path))
     tally, layout = meta_count.count_on_meta(CONFIG)
