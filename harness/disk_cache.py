@@ -15,11 +15,11 @@ import gzip
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from . import atomic
 from .env import probe_packages
 from .models import default_cache_dir
 
@@ -69,16 +69,7 @@ class DiskCache:
         """Stored atomically (another process reads the old file or the new one, never half)."""
         if not self.enabled():
             return
-        path = self._path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cache-")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(gzip.compress(json.dumps(value).encode(), 3))
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            atomic.write_bytes(self._path(key), gzip.compress(json.dumps(value).encode(), 3))
         except (OSError, TypeError, ValueError):
             pass

@@ -10,10 +10,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from ... import atomic
 from ...env import probe_packages
 from ...models import default_cache_dir
 
@@ -63,14 +62,9 @@ def load(rk: str, seq_len: int, batch: int):
 
 def save(rk: str, seq_len: int, batch: int, trace) -> None:
     """Stored atomically; a cache that cannot be written is skipped (the trace is still used)."""
-    path = _path(rk, seq_len, batch)
+    blob = gzip.compress(json.dumps({"events": trace.events, "train_at": trace.train_at,
+                                     "rounded": trace.rounded}).encode(), 3)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        blob = gzip.compress(json.dumps({"events": trace.events, "train_at": trace.train_at,
-                                         "rounded": trace.rounded}).encode(), 3)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trace-")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(blob)
-        os.replace(tmp, path)
+        atomic.write_bytes(_path(rk, seq_len, batch), blob)
     except OSError:
         pass
