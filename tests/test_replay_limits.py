@@ -100,8 +100,8 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
         "torch_dtype": "bfloat16", "rope_theta": 10000.0, "hidden_act": "silu"}
 
 
-def harness(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO)
+def harness(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -178,26 +178,63 @@ def test_a_machine_that_cannot_trace_gets_the_reserve_rule_and_says_why(tiny_con
     assert "note: nf4-dq not replayed, its limits are the reserve rule's: the replay needs bitsandbytes" in r.stdout
 
 
-def test_a_model_the_tracer_cannot_step_keeps_the_reserve_rule_with_the_reason():
+def test_a_model_the_tracer_cannot_step_keeps_the_reserve_rule_with_the_reason(tmp_path):
     """Qwen3-30B-A3B's experts are 3-D parameters peft wraps with ParamWrapper, which refuses LoRA
     dropout: the trace fails inside peft. plan still answers (the reserve rule, and why), estimate
-    --replay says so in its row; neither prints a traceback."""
+    --replay says so in its row; neither prints a traceback. The failure is kept in the trace cache:
+    the same step asked again is refused with the same reason, without tracing it again."""
     pytest.importorskip("bitsandbytes")
     pytest.importorskip("peft")
+    env = {**__import__("os").environ, "HARNESS_CACHE_DIR": str(tmp_path)}
     card = ["--config", "qwen3-30b-a3b", "--budget", "100GiB", "--precision", "nf4-dq"]  # its experts stay bf16
-    r = harness("plan", *card, "--train", "--json")
+    r = harness("plan", *card, "--train", "--json", env=env)
     # an unverified family (qwen3_moe) with no trace: refused, not answered by a dense stand-in
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     (plan,) = json.loads(r.stdout)["plans"]
     assert plan["verdict"] == "unknown" and not plan["fits"] and plan["max_seq_len"] is None
     assert plan["reason"].startswith("refused: the training step of this unverified family cannot be traced")
     assert plan["replay"]["error"].startswith("the step could not be traced: ValueError: ")
-    text = harness("plan", *card, "--train")
+    assert list(tmp_path.glob("step-traces/*/*.failed.txt")) and "not traced again" not in r.stderr
+    text = harness("plan", *card, "--train", env=env)
     assert text.returncode == 1 and text.stdout.strip().splitlines()[-1].startswith("verdict: unknown: refused")
-    est = harness("estimate", *card, "--mode", "train", "--seq-len", "256", "--replay", "--json")
+    assert "not traced again" in text.stderr and plan["replay"]["error"] in text.stdout, text.stderr[-2000:]
+    est = harness("estimate", *card, "--mode", "train", "--seq-len", "256", "--replay", "--json", env=env)
     assert est.returncode == 0 and "Traceback" not in est.stderr
     row = json.loads(est.stdout)[0]
     assert "could not be traced" in row["replay"]["error"] and row["fit"] == "unknown" and not row["fits"]
+
+
+@pytest.mark.parametrize("error, kept", [(ValueError("peft refuses this layer"), True),
+                                          (MemoryError(), False), (OSError(24, "Too many open files"), False)])
+def test_a_failed_trace_is_kept_only_when_it_is_the_models_not_the_machines(error, kept, tmp_path, monkeypatch):
+    """A step the meta-device run cannot take fails the same way with the same key (kept, then said
+    without tracing); running out of memory or file handles is this machine at this time (not kept)."""
+    from harness.errors import UnsupportedError
+    from harness.memory.fit.estimate import Query
+    from harness.memory.fit.shape import shape_from_config
+    from harness.memory.replay import step_trace
+    from harness.memory.replay.replay_limits import StepReplayer
+
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(args)
+        raise error
+
+    monkeypatch.setattr(step_trace, "trace_training_step", failing)
+    recipe = Query("nf4-dq", "train", lora_r=8, lora_targets=("q_proj", "v_proj"))
+    reasons = []
+    for _ in range(2):
+        said = []
+        replayer = StepReplayer(TINY, shape_from_config(TINY), recipe, 2**30, 0, progress=said.append, processes=1)
+        with pytest.raises(UnsupportedError) as exc:
+            replayer.point(128, 1)
+        reasons.append(str(exc.value))
+    assert reasons[0] == reasons[1] and reasons[0].startswith(f"the step could not be traced: {type(error).__name__}")
+    assert len(calls) == (1 if kept else 2)
+    assert bool(list(tmp_path.glob("step-traces/*/128x1.failed.txt"))) == kept
+    assert any("not traced again" in s for s in said) == kept
 
 
 def test_a_length_made_from_three_traced_lengths_is_the_traced_one(tiny_config):

@@ -117,6 +117,11 @@ class StepReplayer:
         from .step_trace import trace_training_step
 
         query = replace(self.recipe, seq_len=seq_len, batch=batch)
+        failed = trace_cache.load_failure(self._recipe_key, seq_len, batch)
+        if failed:
+            if say:
+                say("not traced again: it failed before with the same config, recipe and versions (trace cache)")
+            raise UnsupportedError(failed)
         try:
             with _quiet():
                 trace = trace_training_step(self.config, query, self.attention, progress=say)
@@ -124,9 +129,13 @@ class StepReplayer:
             raise UnsupportedError(f"the replay needs transformers and peft: {exc}") from None
         except UnsupportedError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a model the meta-device run cannot step: said, not raised
+        except (MemoryError, OSError) as exc:  # this machine, this time: not kept
             raise UnsupportedError(f"the step could not be traced: {type(exc).__name__}: "
                                    f"{one_line(str(exc))[:300]}") from None
+        except Exception as exc:  # noqa: BLE001 - a model the meta-device run cannot step: said, not raised
+            reason = f"the step could not be traced: {type(exc).__name__}: {one_line(str(exc))[:300]}"
+            trace_cache.save_failure(self._recipe_key, seq_len, batch, reason)
+            raise UnsupportedError(reason) from None
         trace_cache.save(self._recipe_key, seq_len, batch, trace)
         return trace
 

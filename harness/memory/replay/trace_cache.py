@@ -3,6 +3,8 @@ length and batch, the attention, the versions of torch / transformers / peft / b
 tracer's own source. A trace does not depend on the card, so `plan --train` at another budget (or
 `estimate --replay` after a plan) replays the steps it has already traced instead of tracing them
 again. Gzipped JSON under the harness cache (HARNESS_CACHE_DIR, default ~/.cache/llm-harness).
+A step the tracer could not take is kept too, as its one-line reason: with the same key the same
+meta-device run fails the same way, so it is said again instead of tried again.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def recipe_key(config: dict, recipe, attention: str) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=list).encode()).hexdigest()
 
 
-def _path(rk: str, seq_len: int, batch: int) -> Path:
-    return default_cache_dir() / "step-traces" / rk / f"{seq_len}x{batch}.json.gz"
+def _path(rk: str, seq_len: int, batch: int, suffix: str = ".json.gz") -> Path:
+    return default_cache_dir() / "step-traces" / rk / f"{seq_len}x{batch}{suffix}"
 
 
 def settings(rk: str) -> list[tuple[int, int]]:
@@ -66,5 +68,24 @@ def save(rk: str, seq_len: int, batch: int, trace) -> None:
                                      "rounded": trace.rounded}).encode(), 3)
     try:
         atomic.write_bytes(_path(rk, seq_len, batch), blob)
+    except OSError:
+        pass
+
+
+FAILED = ".failed.txt"
+
+
+def load_failure(rk: str, seq_len: int, batch: int) -> str | None:
+    """Why that setting could not be traced before, or None."""
+    try:
+        return _path(rk, seq_len, batch, FAILED).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def save_failure(rk: str, seq_len: int, batch: int, reason: str) -> None:
+    """The reason a setting could not be traced (one line), stored like a trace."""
+    try:
+        atomic.write_bytes(_path(rk, seq_len, batch, FAILED), reason.encode() + b"\n")
     except OSError:
         pass
