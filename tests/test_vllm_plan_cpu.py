@@ -11,12 +11,14 @@ server (tests/test_vllm_plan.py).
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from harness.memory.vllm.vllm_servers import server_kv_record
-from harness.serving.launcher import launch_vllm
+from harness.serving.launcher import inductor_cache_dir, launch_vllm, server_temp_env
 
 SETTING = {"env": {"VLLM_CPU_KVCACHE_SPACE": "2"},
            "flags": ["--max-model-len", "1000", "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4"]}
@@ -27,14 +29,37 @@ def _environ(pid: int) -> dict:
     return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
 
 
+def test_a_servers_temp_folder_leaves_what_the_caller_set(monkeypatch, tmp_path):
+    """The launcher's own temp folder for a server (harness.serving.launcher.server_temp_env): every
+    temp file, unless the caller gave TMPDIR; the sockets, unless VLLM_RPC_BASE_PATH is set anywhere;
+    torch's kernel cache pinned to where torch would put it, unless set anywhere."""
+    for name in ("VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR", "TMPDIR"):
+        monkeypatch.delenv(name, raising=False)
+    folder = str(tmp_path / "server")
+    assert server_temp_env({}, folder) == {"VLLM_RPC_BASE_PATH": folder, "TMPDIR": folder,
+                                           "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
+    assert server_temp_env({"TMPDIR": "/scratch"}, folder) == {"VLLM_RPC_BASE_PATH": folder}
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the user's: the kernel cache follows it, the folder is made in it
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile read TMPDIR once already
+    assert inductor_cache_dir().startswith(str(tmp_path) + os.sep + "torchinductor_")
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", "/run/vllm")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/cache/inductor")
+    assert server_temp_env({}, folder) == {"TMPDIR": folder}
+
+
 def test_cpu_server_kv_tokens_and_concurrency_match_the_prediction_exactly(settings, tiny_model_dir, tmp_path):
     if settings.vllm_python is None:
         pytest.skip("no vLLM interpreter (--vllm-python / HARNESS_VLLM_PYTHON, or .venvs/vllm-*)")
     with launch_vllm(settings.vllm_python, tiny_model_dir, SETTING["flags"], env=SETTING["env"],
                      log_dir=tmp_path, startup_timeout_s=600) as server:
         record = server_kv_record("kv-2gib-len1000-fp32", server, tiny_model_dir)
-        ipc = _environ(server.pid).get("VLLM_RPC_BASE_PATH")
-        assert ipc and any(p.is_socket() for p in Path(ipc).iterdir()), ipc  # vLLM's ZeroMQ sockets are there
+        environ = _environ(server.pid)
+        ipc = environ.get("VLLM_RPC_BASE_PATH")
+        assert ipc and environ.get("TMPDIR") == ipc, environ.get("TMPDIR")
+        held = list(Path(ipc).iterdir())
+        assert any(p.is_socket() for p in held), held  # vLLM's ZeroMQ sockets are there
+        assert any(p.name.startswith("vllm_dist_") for p in held), held  # and its distributed init's FileStore
+        assert environ.get("TORCHINDUCTOR_CACHE_DIR") == inductor_cache_dir()  # compiled kernels stay shared
     assert not Path(ipc).exists()  # and went with the server, not left in /tmp
     assert record["device"] == "cpu", record
     assert record["kv_cache_space_gib"] == 2.0

@@ -9,6 +9,7 @@ ServerStartError naming the log's cause. The group dies with the harness however
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import re
 import socket
@@ -266,6 +267,32 @@ def server_pythonpath(current: str | None) -> str:
     return os.pathsep.join(parts + ([str(HARNESS_ROOT)] if str(HARNESS_ROOT) not in parts else []))
 
 
+def inductor_cache_dir() -> str:
+    """Where torch keeps its compiled kernels when TORCHINDUCTOR_CACHE_DIR is unset: the temp folder's
+    torchinductor_<user> (torch/_inductor/runtime/cache_dir_utils.py, default_cache_dir)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def server_temp_env(env: dict, folder: str) -> dict:
+    """What goes into a server's own temp folder, removed with it: vLLM's ZeroMQ socket files
+    (VLLM_RPC_BASE_PATH) and whatever it writes to the temp folder (TMPDIR: the FileStore of its
+    distributed init, vllm_dist_*); by default each start leaves both in /tmp. The folder is made in
+    this process's temp folder (a TMPDIR of the user's is where it goes); torch's compiled kernels
+    stay where they were, shared between starts (TORCHINDUCTOR_CACHE_DIR). What the caller sets in
+    env stands, and a VLLM_RPC_BASE_PATH or TORCHINDUCTOR_CACHE_DIR of this process's environment."""
+    given = lambda name: name in env or name in os.environ  # noqa: E731
+    out = {} if given("VLLM_RPC_BASE_PATH") else {"VLLM_RPC_BASE_PATH": folder}
+    if "TMPDIR" not in env:
+        out["TMPDIR"] = folder
+        if not given("TORCHINDUCTOR_CACHE_DIR"):
+            out["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
+    return out
+
+
 @contextlib.contextmanager
 def launch_vllm(
     python: str | Path,
@@ -300,10 +327,7 @@ def launch_vllm(
     if log_dir is not None:
         log_path = Path(log_dir) / f"vllm-{port}.log"
     with contextlib.ExitStack() as stack:
-        # vLLM's ZeroMQ sockets go into a folder that goes with the server (by default each start
-        # leaves its socket files in /tmp); a VLLM_RPC_BASE_PATH of the caller's stands.
-        if "VLLM_RPC_BASE_PATH" not in full_env and "VLLM_RPC_BASE_PATH" not in os.environ:
-            full_env["VLLM_RPC_BASE_PATH"] = stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-vllm-ipc-"))
+        full_env.update(server_temp_env(full_env, stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-vllm-tmp-"))))
         server = stack.enter_context(start_process(
             command, port=port, env=full_env, log_path=log_path, startup_timeout_s=startup_timeout_s,
             name=f"vLLM ({python.parent.parent.name})", wait=wait))
