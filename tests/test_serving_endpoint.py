@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +22,7 @@ import pytest
 from harness import settings as settings_mod
 from harness.errors import UsageError
 from harness.serving.endpoint import resolve_served_model
-from harness.serving.launcher import free_port
+from harness.serving.launcher import free_port, server_temp_env
 from harness.serving.standin import run_standin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,6 +116,8 @@ def test_an_outside_server_survives_the_serving_suite(settings, tiny_model_dir, 
     log = tmp_path / "outside-vllm.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
+    server_tmp = tempfile.mkdtemp(prefix="outside-vllm-")  # short: its sockets' paths must fit 107 bytes
+    env.update(server_temp_env({}, server_tmp))  # its temp files there, removed after, not left in /tmp
     with open(log, "wb") as out:  # a plain process of its own, as a user's server is: not the harness's launcher
         server = subprocess.Popen([str(settings.vllm_python), "-m", "vllm.entrypoints.openai.api_server",
                                    "--model", str(tiny_model_dir), "--served-model-name", name,
@@ -170,3 +174,4 @@ def test_an_outside_server_survives_the_serving_suite(settings, tiny_model_dir, 
                 break
             except subprocess.TimeoutExpired:
                 continue
+        shutil.rmtree(server_tmp, ignore_errors=True)

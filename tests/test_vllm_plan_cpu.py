@@ -35,10 +35,13 @@ def test_a_servers_temp_folder_leaves_what_the_caller_set(monkeypatch, tmp_path)
     torch's kernel cache pinned to where torch would put it, unless set anywhere."""
     for name in ("VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR", "TMPDIR"):
         monkeypatch.delenv(name, raising=False)
-    folder = str(tmp_path / "server")
+    folder = "/tmp/hv-server"  # a name only: nothing is made
     assert server_temp_env({}, folder) == {"VLLM_RPC_BASE_PATH": folder, "TMPDIR": folder,
                                            "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
     assert server_temp_env({"TMPDIR": "/scratch"}, folder) == {"VLLM_RPC_BASE_PATH": folder}
+    deep = "/tmp/" + "d" * 66  # <folder>/<uuid4> would pass the 107 bytes a socket's path may hold
+    assert server_temp_env({}, deep)["VLLM_RPC_BASE_PATH"] == tempfile.gettempdir()  # where vLLM puts them
+    assert server_temp_env({}, deep)["TMPDIR"] == deep and server_temp_env({}, deep[:-1])["VLLM_RPC_BASE_PATH"] == deep[:-1]
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the user's: the kernel cache follows it, the folder is made in it
     monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile read TMPDIR once already
     assert inductor_cache_dir().startswith(str(tmp_path) + os.sep + "torchinductor_")

@@ -267,6 +267,9 @@ def server_pythonpath(current: str | None) -> str:
     return os.pathsep.join(parts + ([str(HARNESS_ROOT)] if str(HARNESS_ROOT) not in parts else []))
 
 
+IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+
+
 def inductor_cache_dir() -> str:
     """Where torch keeps its compiled kernels when TORCHINDUCTOR_CACHE_DIR is unset: the temp folder's
     torchinductor_<user> (torch/_inductor/runtime/cache_dir_utils.py, default_cache_dir)."""
@@ -285,7 +288,12 @@ def server_temp_env(env: dict, folder: str) -> dict:
     stay where they were, shared between starts (TORCHINDUCTOR_CACHE_DIR). What the caller sets in
     env stands, and a VLLM_RPC_BASE_PATH or TORCHINDUCTOR_CACHE_DIR of this process's environment."""
     given = lambda name: name in env or name in os.environ  # noqa: E731
-    out = {} if given("VLLM_RPC_BASE_PATH") else {"VLLM_RPC_BASE_PATH": folder}
+    out = {}
+    if not given("VLLM_RPC_BASE_PATH"):
+        # a socket is <base>/<uuid4>, and a Unix socket's path holds 107 bytes at most (ZeroMQ refuses
+        # more): a folder too deep for that leaves the sockets where vLLM would have put them
+        fits = len(os.fsencode(folder)) + 1 + 36 <= IPC_PATH_MAX
+        out["VLLM_RPC_BASE_PATH"] = folder if fits else env.get("TMPDIR") or tempfile.gettempdir()
     if "TMPDIR" not in env:
         out["TMPDIR"] = folder
         if not given("TORCHINDUCTOR_CACHE_DIR"):
@@ -327,7 +335,7 @@ def launch_vllm(
     if log_dir is not None:
         log_path = Path(log_dir) / f"vllm-{port}.log"
     with contextlib.ExitStack() as stack:
-        full_env.update(server_temp_env(full_env, stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-vllm-tmp-"))))
+        full_env.update(server_temp_env(full_env, stack.enter_context(tempfile.TemporaryDirectory(prefix="hv-"))))
         server = stack.enter_context(start_process(
             command, port=port, env=full_env, log_path=log_path, startup_timeout_s=startup_timeout_s,
             name=f"vLLM ({python.parent.parent.name})", wait=wait))
