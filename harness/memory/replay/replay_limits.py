@@ -129,12 +129,10 @@ class StepReplayer:
             raise UnsupportedError(f"the replay needs transformers and peft: {exc}") from None
         except UnsupportedError:
             raise
-        except (MemoryError, OSError) as exc:  # this machine, this time: not kept
-            raise UnsupportedError(f"the step could not be traced: {type(exc).__name__}: "
-                                   f"{one_line(str(exc))[:300]}") from None
         except Exception as exc:  # noqa: BLE001 - a model the meta-device run cannot step: said, not raised
             reason = f"the step could not be traced: {type(exc).__name__}: {one_line(str(exc))[:300]}"
-            trace_cache.save_failure(self._recipe_key, seq_len, batch, reason)
+            if not isinstance(exc, (MemoryError, OSError)):  # those are this machine at this time: not kept
+                trace_cache.save_failure(self._recipe_key, seq_len, batch, reason)
             raise UnsupportedError(reason) from None
         trace_cache.save(self._recipe_key, seq_len, batch, trace)
         return trace
