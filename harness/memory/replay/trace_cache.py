@@ -15,17 +15,15 @@ import json
 from pathlib import Path
 
 from ... import atomic
-from ...env import probe_packages
+from ...disk_cache import source_digest, versions
 from ...models import default_cache_dir
 
 FORMAT = 1
 
 
 def _versions() -> dict[str, str | None]:
-    out = probe_packages(("torch", "transformers", "peft", "bitsandbytes"))
-    source = Path(__file__).with_name("step_trace.py").read_bytes()
-    out["step_trace"] = hashlib.sha256(source).hexdigest()[:16]
-    return out
+    return {**versions(("torch", "transformers", "peft", "bitsandbytes")),
+            "step_trace": source_digest(Path(__file__).with_name("step_trace.py"))}
 
 
 def recipe_key(config: dict, recipe, attention: str) -> str:
